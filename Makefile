@@ -1,0 +1,49 @@
+# Cohort's front door. Everything a user or CI needs starts here.
+#   make demo   - the main job end to end on a local cluster (builds what it needs)
+#   make test   - set up from a clean clone and run every test tier
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+.PHONY: help venv binaries cluster-up cluster-down crds check-generated lint test test-unit demo bench docs clean-cache
+
+# The cached virtualenv (outside the repo, keyed by hack/requirements.txt).
+VENV = $(shell hack/venv.sh)
+PY = $(VENV)/bin/python
+export PYTHONUNBUFFERED := 1
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
+
+venv:  ## create/refresh the cached virtualenv (torch, kopf, dev tools; both projects editable)
+	@hack/venv.sh
+
+binaries:  ## build the pinned control-plane binaries into ~/.cache/cohort/bin (once)
+	@hack/build-binaries.sh
+
+cluster-up: binaries  ## start (or reuse) the local control plane; kubeconfig: ~/.cache/cohort/cluster/kubeconfig
+	@hack/cluster.sh up
+
+cluster-down:  ## stop every process hack/ started for the local cluster
+	@hack/cluster.sh down
+
+crds:  ## regenerate crds/, the chart's CRD, the trainer's copy and docs/api.md from the models
+	@$(PY) -m cohort.operator.api.generate
+
+check-generated:  ## fail if generated files are stale
+	@$(PY) -m cohort.operator.api.generate --check
+
+lint:  ## ruff everywhere, mypy on the operator, import rules
+	@$(VENV)/bin/ruff check .
+	@cd operator && $(VENV)/bin/mypy src
+
+test: binaries  ## everything: lint, generated files, unit, dist, k8s integration and e2e tests
+	@$(MAKE) --no-print-directory lint check-generated
+	@$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit:  ## only the tests that need no cluster and no process group
+	@$(PY) -m pytest -m "not k8s and not dist and not e2e" $(PYTEST_ARGS)
+
+demo: binaries  ## the main job end to end on the local cluster: train, kill a worker, slow one, recover
+	@hack/demo.sh
+
+bench:  ## run every benchmark (prints comparison tables; not tests)
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

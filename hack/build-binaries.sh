@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Builds the local control plane's binaries from the Go module proxy, once per
+# version, into $COHORT_CACHE/bin/<component>-<version>/ (outside the repo).
+# A warm cache makes this a no-op. Prints the directory of each component.
+#
+#   kubernetes: kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
+#               (a wrapper module pins every k8s.io staging module, because
+#               k8s.io/kubernetes's own go.mod replaces them with ./staging paths)
+#   etcd:       a two-line main over go.etcd.io/etcd/server/v3/etcdmain
+#   kwok:       kwok + kwokctl via go install
+#   helm:       helm via go install
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+SRC_CACHE="$COHORT_CACHE/src"
+mkdir -p "$SRC_CACHE"
+
+# Serialise concurrent builds (e.g. `make demo` and `make test` started together).
+exec 9>"$COHORT_CACHE/build.lock"
+flock 9
+
+k8s_staging_modules() {
+  # The authoritative list is the replace block of k8s.io/kubernetes's go.mod.
+  local gomod
+  gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  sed -n 's#^\s*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$gomod"
+}
+
+build_kubernetes() {
+  local out="$BIN_CACHE/kubernetes-$K8S_VERSION"
+  [[ -x "$out/kube-apiserver" && -x "$out/kubectl" && -x "$out/kube-scheduler" && -x "$out/kube-controller-manager" ]] && return 0
+  log "building kubernetes $K8S_VERSION (cold: 15-40 min on 2 cores; cached afterwards)"
+  local mod="$SRC_CACHE/kubernetes-$K8S_VERSION" staging_ver="v0${K8S_VERSION#v1}"
+  mkdir -p "$mod"
+  {
+    echo "module cohort.dev/hack/kubernetes"
+    echo
+    echo "go 1.24.0"
+    echo
+    echo "require k8s.io/kubernetes $K8S_VERSION"
+    echo
+    echo "replace ("
+    k8s_staging_modules | while read -r m; do echo "	$m => $m $staging_ver"; done
+    echo ")"
+  } > "$mod/go.mod"
+  cat > "$mod/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)
+GO
+  local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+  local ld="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  (
+    cd "$mod"
+    log "resolving modules for kubernetes $K8S_VERSION"
+    go mod tidy
+    local tmp; tmp=$(mktemp -d "$BIN_CACHE/.kubernetes.XXXX")
+    log "compiling kube-apiserver, kube-controller-manager, kube-scheduler, kubectl"
+    go build -trimpath -tags selinux,notest -ldflags "$ld" -o "$tmp/" \
+      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+    rm -rf "$out"; mv "$tmp" "$out"
+  )
+}
+
+build_etcd() {
+  local out="$BIN_CACHE/etcd-$ETCD_VERSION"
+  [[ -x "$out/etcd" ]] && return 0
+  log "building etcd $ETCD_VERSION"
+  local mod="$SRC_CACHE/etcd-$ETCD_VERSION"
+  mkdir -p "$mod"
+  printf 'module cohort.dev/hack/etcd\n\ngo 1.24.0\n\nrequire go.etcd.io/etcd/server/v3 %s\n' "$ETCD_VERSION" > "$mod/go.mod"
+  cat > "$mod/main.go" <<'GO'
+// Command etcd is etcd's own server main, built from the module proxy.
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+GO
+  (
+    cd "$mod"
+    go mod tidy
+    local tmp; tmp=$(mktemp -d "$BIN_CACHE/.etcd.XXXX")
+    go build -trimpath -ldflags "-s -w" -o "$tmp/etcd" .
+    rm -rf "$out"; mv "$tmp" "$out"
+  )
+}
+
+build_go_install() {  # name version binaries... -- packages...
+  local name=$1 version=$2; shift 2
+  local bins=() pkgs=()
+  while [[ $1 != -- ]]; do bins+=("$1"); shift; done; shift
+  pkgs=("$@")
+  local out="$BIN_CACHE/$name-$version" ok=1
+  for b in "${bins[@]}"; do [[ -x "$out/$b" ]] || ok=0; done
+  [[ $ok == 1 ]] && return 0
+  log "building $name $version"
+  local tmp; tmp=$(mktemp -d "$BIN_CACHE/.$name.XXXX")
+  local ld="-s -w"
+  [[ $name == helm ]] && ld+=" -X helm.sh/helm/v3/internal/version.version=$version"
+  [[ $name == kwok ]] && ld+=" -X sigs.k8s.io/kwok/pkg/consts.Version=$version -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=$K8S_VERSION"
+  GOBIN="$tmp" go install -trimpath -ldflags "$ld" "${pkgs[@]/%/@$version}"
+  rm -rf "$out"; mv "$tmp" "$out"
+}
+
+want=${1:-all}
+case $want in
+  all|kubernetes) build_kubernetes ;;& 
+  all|etcd) build_etcd ;;&
+  all|kwok) build_go_install kwok "$KWOK_VERSION" kwok kwokctl -- sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl ;;&
+  all|helm) build_go_install helm "$HELM_VERSION" helm -- helm.sh/helm/v3/cmd/helm ;;&
+  all|kubernetes|etcd|kwok|helm) ;;
+  *) die "unknown component '$want' (all|kubernetes|etcd|kwok|helm)" ;;
+esac
+log "binaries ready under $BIN_CACHE"

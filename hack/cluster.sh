@@ -1,0 +1,244 @@
+#!/usr/bin/env bash
+# The local Kubernetes control plane: etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler and the kwok controller, as plain processes on loopback.
+#
+#   hack/cluster.sh up       start (or reuse a healthy running) cluster; prints the kubeconfig path
+#   hack/cluster.sh down     stop every process hack/ started for this cluster, by PID
+#   hack/cluster.sh status   exit 0 if the cluster is healthy
+#   hack/cluster.sh env      print `export KUBECONFIG=...` for eval
+#
+# State lives in $COHORT_CLUSTER_DIR (default ~/.cache/cohort/cluster): pki/, logs/,
+# pids/, etcd/, and the admin kubeconfig at $COHORT_CLUSTER_DIR/kubeconfig.
+# Ports (override by env): COHORT_APISERVER_PORT=16443, COHORT_ETCD_PORT=12379
+# (+1 for peers), COHORT_KCM_PORT=10357, COHORT_SCHEDULER_PORT=10359, COHORT_KWOK_PORT=10347.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+CLUSTER_DIR=${COHORT_CLUSTER_DIR:-$COHORT_CACHE/cluster}
+APISERVER_PORT=${COHORT_APISERVER_PORT:-16443}
+ETCD_PORT=${COHORT_ETCD_PORT:-12379}
+KCM_PORT=${COHORT_KCM_PORT:-10357}
+SCHEDULER_PORT=${COHORT_SCHEDULER_PORT:-10359}
+KWOK_PORT=${COHORT_KWOK_PORT:-10347}
+KWOK_NODES=${COHORT_KWOK_NODES:-2}
+KWOK_NODE_GPUS=${COHORT_KWOK_NODE_GPUS:-8}
+K8S_BIN="$BIN_CACHE/kubernetes-$K8S_VERSION"
+ETCD_BIN="$BIN_CACHE/etcd-$ETCD_VERSION/etcd"
+KWOK_BIN="$BIN_CACHE/kwok-$KWOK_VERSION/kwok"
+PKI="$CLUSTER_DIR/pki" LOGS="$CLUSTER_DIR/logs" PIDS="$CLUSTER_DIR/pids"
+KUBECONFIG_PATH="$CLUSTER_DIR/kubeconfig"
+KUBECTL=("$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_PATH")
+# Start order; `down` stops in reverse. Other hack/ tools (process nodes,
+# Prometheus, a dev operator) add their own pid files to $PIDS.
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+
+pid_alive() {  # pidfile -> 0 if the process it names is alive and is the one we started
+  local f=$1 pid exe
+  [[ -f $f ]] || return 1
+  pid=$(cat "$f")
+  [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || return 1
+  # Guard against a recycled PID: the command line must match what we recorded.
+  exe=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null || true)
+  [[ $exe == "$(cat "$f.cmd" 2>/dev/null)"* ]]
+}
+
+port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+healthy() {
+  [[ -f $KUBECONFIG_PATH ]] || return 1
+  local c; for c in "${COMPONENTS[@]}"; do pid_alive "$PIDS/$c.pid" || return 1; done
+  "${KUBECTL[@]}" get --raw /readyz >/dev/null 2>&1
+}
+
+start() {  # name cmd... : background it, record pid + command line, log to $LOGS/name.log
+  local name=$1; shift
+  setsid "$@" >"$LOGS/$name.log" 2>&1 < /dev/null &
+  local pid=$!
+  echo "$pid" > "$PIDS/$name.pid"
+  printf '%s ' "$@" > "$PIDS/$name.pid.cmd"
+}
+
+fail_component() {  # name reason
+  printf 'error: cluster-up: %s %s; its log: %s\n' "$1" "$2" "$LOGS/$1.log" >&2
+  [[ -f $LOGS/$1.log ]] && tail -n 15 "$LOGS/$1.log" | sed 's/^/    /' >&2
+  down_all >/dev/null 2>&1 || true
+  exit 1
+}
+
+wait_for() {  # name timeout_s command...
+  local name=$1 timeout=$2 i; shift 2
+  for ((i = 0; i < timeout * 5; i++)); do
+    "$@" >/dev/null 2>&1 && return 0
+    pid_alive "$PIDS/$name.pid" || fail_component "$name" "exited during start-up"
+    sleep 0.2
+  done
+  fail_component "$name" "did not become ready within ${timeout}s"
+}
+
+gen_pki() {
+  [[ -f $PKI/done ]] && return 0
+  log "generating certificates in $PKI"
+  mkdir -p "$PKI"; cd "$PKI"
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 3650 -subj "/CN=cohort-local-ca" 2>/dev/null
+  openssl genrsa -out sa.key 2048 2>/dev/null
+  openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
+  cert() {  # name subject [san]
+    openssl req -newkey rsa:2048 -nodes -keyout "$1.key" -out "$1.csr" -subj "$2" 2>/dev/null
+    local ext; ext=$(mktemp)
+    printf 'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n' > "$ext"
+    [[ -n ${3:-} ]] && echo "subjectAltName=$3" >> "$ext"
+    openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -out "$1.crt" -days 3650 -extfile "$ext" 2>/dev/null
+    rm -f "$1.csr" "$ext"
+  }
+  cert apiserver "/CN=kube-apiserver" \
+    "IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+  cert admin "/O=system:masters/CN=cohort-admin"
+  cert controller-manager "/CN=system:kube-controller-manager"
+  cert scheduler "/CN=system:kube-scheduler"
+  cert kwok "/O=system:masters/CN=kwok-controller"
+  touch done
+  cd - >/dev/null
+}
+
+write_kubeconfig() {  # out user
+  local b64="base64 -w0"
+  cat > "$1" <<KC
+apiVersion: v1
+kind: Config
+clusters:
+- name: cohort-local
+  cluster:
+    server: https://127.0.0.1:$APISERVER_PORT
+    certificate-authority-data: $($b64 < "$PKI/ca.crt")
+users:
+- name: $2
+  user:
+    client-certificate-data: $($b64 < "$PKI/$2.crt")
+    client-key-data: $($b64 < "$PKI/$2.key")
+contexts:
+- name: cohort-local
+  context: {cluster: cohort-local, user: $2}
+current-context: cohort-local
+KC
+  chmod 600 "$1"
+}
+
+create_kwok_nodes() {
+  local i
+  for ((i = 0; i < KWOK_NODES; i++)); do
+    cat <<NODE
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: kwok-$i
+  annotations: {kwok.x-k8s.io/node: fake, node.alpha.kubernetes.io/ttl: "0"}
+  labels:
+    kubernetes.io/hostname: kwok-$i
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64
+    type: kwok
+    cohort.dev/node-kind: kwok
+spec:
+  taints: [{key: kwok.x-k8s.io/node, value: fake, effect: NoSchedule}]
+status:
+  capacity: {cpu: "64", memory: 512Gi, pods: "220", nvidia.com/gpu: "$KWOK_NODE_GPUS"}
+  allocatable: {cpu: "64", memory: 512Gi, pods: "220", nvidia.com/gpu: "$KWOK_NODE_GPUS"}
+NODE
+  done | "${KUBECTL[@]}" apply -f - >/dev/null
+}
+
+up() {
+  if healthy; then
+    log "reusing the healthy cluster in $CLUSTER_DIR"
+    echo "$KUBECONFIG_PATH"
+    return 0
+  fi
+  local t0=$SECONDS
+  "$HACK_DIR/build-binaries.sh" >&2
+  down_all >/dev/null 2>&1 || true
+  mkdir -p "$LOGS" "$PIDS"
+  local name port
+  for name in etcd:$ETCD_PORT etcd-peer:$((ETCD_PORT + 1)) kube-apiserver:$APISERVER_PORT \
+              kube-controller-manager:$KCM_PORT kube-scheduler:$SCHEDULER_PORT kwok:$KWOK_PORT; do
+    port=${name#*:}
+    port_busy "$port" && { printf 'error: cluster-up: port %s for %s is already in use (set COHORT_*_PORT to move it); logs would be in %s\n' \
+      "$port" "${name%%:*}" "$LOGS/${name%%:*}.log" >&2; exit 1; }
+  done
+  gen_pki
+  rm -rf "$CLUSTER_DIR/etcd"
+  log "starting etcd $ETCD_VERSION"
+  start etcd "$ETCD_BIN" --name cohort --data-dir "$CLUSTER_DIR/etcd" \
+    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" --initial-advertise-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
+    --initial-cluster "cohort=http://127.0.0.1:$((ETCD_PORT + 1))" --unsafe-no-fsync --log-level warn
+  wait_for etcd 30 curl -sf "http://127.0.0.1:$ETCD_PORT/health"
+
+  log "starting kube-apiserver $K8S_VERSION on https://127.0.0.1:$APISERVER_PORT"
+  start kube-apiserver "$K8S_BIN/kube-apiserver" \
+    --etcd-servers "http://127.0.0.1:$ETCD_PORT" --bind-address 127.0.0.1 --advertise-address 127.0.0.1 \
+    --secure-port "$APISERVER_PORT" --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
+    --client-ca-file "$PKI/ca.crt" --authorization-mode Node,RBAC --allow-privileged=true \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
+    --service-cluster-ip-range 10.96.0.0/16 --enable-admission-plugins NodeRestriction \
+    --endpoint-reconciler-type none --profiling=false
+  write_kubeconfig "$KUBECONFIG_PATH" admin
+  wait_for kube-apiserver 60 "${KUBECTL[@]}" get --raw /readyz
+
+  local kc
+  for kc in controller-manager scheduler kwok; do write_kubeconfig "$PKI/$kc.kubeconfig" "$kc"; done
+  log "starting kube-controller-manager, kube-scheduler, kwok"
+  start kube-controller-manager "$K8S_BIN/kube-controller-manager" --kubeconfig "$PKI/controller-manager.kubeconfig" \
+    --authentication-kubeconfig "$PKI/controller-manager.kubeconfig" --authorization-kubeconfig "$PKI/controller-manager.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port "$KCM_PORT" --controllers '*' --leader-elect=false \
+    --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" --use-service-account-credentials \
+    --cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key" --profiling=false
+  start kube-scheduler "$K8S_BIN/kube-scheduler" --kubeconfig "$PKI/scheduler.kubeconfig" \
+    --authentication-kubeconfig "$PKI/scheduler.kubeconfig" --authorization-kubeconfig "$PKI/scheduler.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port "$SCHEDULER_PORT" --leader-elect=false --profiling=false
+  start kwok "$KWOK_BIN" --kubeconfig "$PKI/kwok.kubeconfig" --manage-all-nodes=false \
+    --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake --server-address "127.0.0.1:$KWOK_PORT" \
+    --node-lease-duration-seconds 40 --config "$HACK_DIR/kwok/stages.yaml"
+  wait_for kube-controller-manager 60 curl -skf "https://127.0.0.1:$KCM_PORT/healthz"
+  wait_for kube-scheduler 60 curl -skf "https://127.0.0.1:$SCHEDULER_PORT/healthz"
+  wait_for kwok 60 curl -sf "http://127.0.0.1:$KWOK_PORT/healthz"
+  # The default ServiceAccount appears once the controller-manager runs.
+  wait_for kube-controller-manager 60 "${KUBECTL[@]}" get serviceaccount default -n default
+  create_kwok_nodes
+  log "cluster up in $((SECONDS - t0))s; export KUBECONFIG=$KUBECONFIG_PATH"
+  echo "$KUBECONFIG_PATH"
+}
+
+stop_pidfile() {  # pidfile: TERM, wait up to 10s, then KILL
+  local f=$1 pid i
+  if pid_alive "$f"; then
+    pid=$(cat "$f")
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
+    log "stopped $(basename "$f" .pid) (pid $pid)"
+  fi
+  rm -f "$f" "$f.cmd"
+}
+
+down_all() {
+  [[ -d $PIDS ]] || return 0
+  local f c
+  # Extra tools first (they talk to the API server), then the plane in reverse order.
+  for f in "$PIDS"/*.pid; do
+    [[ -e $f ]] || continue
+    c=$(basename "$f" .pid)
+    [[ " ${COMPONENTS[*]} " == *" $c "* ]] || stop_pidfile "$f"
+  done
+  for ((c = ${#COMPONENTS[@]} - 1; c >= 0; c--)); do stop_pidfile "$PIDS/${COMPONENTS[$c]}.pid"; done
+  rm -rf "$CLUSTER_DIR/etcd"
+}
+
+case ${1:-} in
+  up) up ;;
+  down) down_all; log "cluster down" ;;
+  status) healthy && echo healthy || { echo "not running"; exit 1; } ;;
+  env) echo "export KUBECONFIG=$KUBECONFIG_PATH" ;;
+  kubeconfig) echo "$KUBECONFIG_PATH" ;;
+  *) echo "usage: $0 up|down|status|env|kubeconfig" >&2; exit 2 ;;
+esac

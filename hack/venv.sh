@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Ensures the one cached virtualenv exists and has this checkout's two projects
+# installed editable, then prints its path.
+#
+# The venv lives in $COHORT_CACHE/venv/<python>-<hash of requirements.txt>, so
+# torch (a multi-GB CUDA build from the package index) is installed once per
+# machine and reused by every clone. The editable installs are re-pointed
+# cheaply when a different checkout uses the venv.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+PYTHON=${PYTHON:-python3}
+command -v "$PYTHON" >/dev/null || die "python3 not found (need >= $PYTHON_MIN)"
+pyver=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+"$PYTHON" -c "import sys; sys.exit(sys.version_info < tuple(map(int, '$PYTHON_MIN'.split('.'))))" \
+  || die "python $pyver is too old (need >= $PYTHON_MIN)"
+key=$(cat "$HACK_DIR/requirements.txt" | sha256sum | cut -c1-12)
+VENV="$COHORT_CACHE/venv/py$pyver-$key"
+
+exec 8>"$COHORT_CACHE/venv.lock"
+flock 8
+
+if [[ ! -f "$VENV/.complete" ]]; then
+  log "creating virtualenv $VENV (first run: downloads torch, several GB; later runs reuse it)"
+  rm -rf "$VENV"
+  "$PYTHON" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip setuptools wheel >&2
+  "$VENV/bin/pip" install --progress-bar off -r "$HACK_DIR/requirements.txt" >&2 \
+    || die "pip install into $VENV failed (see above)"
+  touch "$VENV/.complete"
+fi
+
+# Editable installs of this checkout (no deps: those are pinned above).
+marker="$VENV/.editable-root"
+if [[ "$(cat "$marker" 2>/dev/null)" != "$REPO_ROOT" ]]; then
+  log "installing cohort-operator and cohort-trainer from $REPO_ROOT (editable)"
+  "$VENV/bin/pip" install -q --no-deps --no-build-isolation -e "$REPO_ROOT/operator" -e "$REPO_ROOT/trainer" >&2
+  echo "$REPO_ROOT" > "$marker"
+fi
+echo "$VENV"

@@ -1,0 +1,1 @@
+"""Cohort's Kubernetes operator: reconciles TrainingJobs into elastic worker pods."""

@@ -1,0 +1,329 @@
+"""TrainingJob spec and status models (``cohort.dev/v1alpha1``).
+
+Every default, enum string and bound of the API lives here, once. Field docs
+become the CRD descriptions and ``docs/api.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Optional
+
+from .schema import Rule, field
+
+GROUP = "cohort.dev"
+VERSION = "v1alpha1"
+KIND = "TrainingJob"
+PLURAL = "trainingjobs"
+
+BUILTIN_MODELS = ("mlp", "convnet", "transformer")
+BUILTIN_DATASETS = ("digits", "synthetic-classification", "synthetic-lm")
+# A user entry point: an importable module path and a function name.
+ENTRY_POINT = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*"
+
+Strategy = Literal["data", "fsdp", "tensor", "pipeline", "hybrid", "auto"]
+SyncAlgorithm = Literal["allreduce", "gossip", "localsgd"]
+Topology = Literal["ring", "exponential", "random"]
+CompressionMethod = Literal[
+    "none", "fp16", "bf16", "powersgd", "topk", "randomk", "qsgd", "terngrad", "signsgd"]
+OptimizerName = Literal["sgd", "adamw"]
+StragglerPolicy = Literal["replace", "ignore"]
+SuccessPolicy = Literal["rank0", "all"]
+PipelineSchedule = Literal["gpipe", "1f1b"]
+Phase = Literal["Pending", "Running", "Recovering", "Suspended", "Succeeded", "Failed"]
+PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
+
+# Which compressors each sync algorithm can use. Gossip exchanges parameters
+# (CHOCO-style compressed differences), local SGD averages parameters densely,
+# so PowerSGD's low-rank gradient factorisation only fits allreduce.
+SUPPORTED_COMPRESSION: dict[str, tuple[str, ...]] = {
+    "allreduce": CompressionMethod.__args__,  # type: ignore[attr-defined]
+    "gossip": ("none", "fp16", "bf16", "topk", "randomk", "qsgd", "terngrad", "signsgd"),
+    "localsgd": ("none", "fp16", "bf16"),
+}
+
+
+def _name_pattern(builtins: tuple[str, ...]) -> str:
+    return "(" + "|".join(b.replace("-", r"\-") for b in builtins) + "|" + ENTRY_POINT + ")"
+
+
+@dataclass
+class Optimizer:
+    """The optimizer and its hyper-parameters."""
+
+    name: OptimizerName = field("sgd", doc="Optimizer: sgd (with momentum) or adamw.")
+    lr: float = field(0.1, minimum=0, exclusive_minimum=True,
+                      doc="Base learning rate for the reference world size (see lrScaling).")
+    momentum: float = field(0.9, minimum=0, maximum=1, doc="SGD momentum (ignored by adamw).")
+    weight_decay: float = field(0.0, minimum=0, doc="Decoupled weight decay.")
+    warmup_steps: int = field(0, minimum=0, doc="Linear learning-rate warmup, in steps.")
+    lr_scaling: Literal["none", "linear", "sqrt"] = field(
+        "linear", doc="How lr scales with the data-parallel world size relative to replicas.target.")
+
+
+@dataclass
+class Workload:
+    """What to train: model, data, schedule."""
+
+    __rules__ = (
+        Rule(cel="self.epochs > 0 || self.maxSteps > 0",
+             message="one of spec.workload.epochs or spec.workload.maxSteps must be > 0",
+             check=lambda w: w.epochs > 0 or w.max_steps > 0, field_path=".epochs"),
+    )
+
+    model: str = field("mlp", pattern=_name_pattern(BUILTIN_MODELS),
+                       pattern_message="must be one of mlp, convnet, transformer or 'pkg.module:function'",
+                       doc="Built-in model (mlp, convnet, transformer) or a user entry point 'pkg.module:function'.")
+    model_args: dict[str, Any] = field({}, free_form=True, doc="Free-form arguments for the model.")
+    dataset: str = field("digits", pattern=_name_pattern(BUILTIN_DATASETS),
+                         pattern_message="must be one of digits, synthetic-classification, synthetic-lm or 'pkg.module:function'",
+                         doc="Built-in dataset (digits, synthetic-classification, synthetic-lm) or 'pkg.module:function'.")
+    dataset_args: dict[str, Any] = field({}, free_form=True, doc="Free-form arguments for the dataset.")
+    epochs: int = field(10, minimum=0, doc="Passes over the training set (0 when maxSteps sets the length).")
+    max_steps: int = field(0, minimum=0, doc="Stop after this many optimizer steps (0: use epochs).")
+    batch_size: int = field(64, minimum=1, doc="Samples per data-parallel rank per step.")
+    optimizer: Optimizer = field(Optimizer, doc="Optimizer settings.")
+    seed: int = field(0, minimum=0, doc="Seed for parameters, data order and every random choice.")
+    precision: Literal["fp32", "bf16"] = field("fp32", doc="bf16 runs forward/backward under autocast.")
+    deterministic: bool = field(True, doc="Use deterministic algorithms (required for bitwise resume).")
+    eval_every_epochs: int = field(1, minimum=0, doc="Evaluate on the test split every N epochs (0: only at the end).")
+
+
+@dataclass
+class Replicas:
+    """Elastic worker counts. ``target`` is the scale subresource."""
+
+    __rules__ = (
+        Rule(cel="self.min <= self.target", message="spec.replicas.target must be >= spec.replicas.min",
+             check=lambda r: r.min <= r.target, field_path=".target"),
+        Rule(cel="self.target <= self.max", message="spec.replicas.target must be <= spec.replicas.max",
+             check=lambda r: r.target <= r.max, field_path=".target"),
+    )
+
+    min: int = field(2, minimum=1, doc="Fewest workers the job trains with.")
+    max: int = field(8, minimum=1, doc="Most workers the job may scale to.")
+    target: int = field(4, minimum=1, doc="Workers wanted now (kubectl scale / HPA set this).")
+    spares: int = field(0, minimum=0, doc="Standby workers, promoted at once when a worker fails.")
+
+
+@dataclass
+class Parallelism:
+    """How the model is split across workers."""
+
+    __rules__ = (
+        Rule(cel="self.strategy in ['tensor', 'hybrid', 'auto'] || self.tensor == 1",
+             message="spec.parallelism.tensor > 1 needs strategy tensor, hybrid or auto",
+             check=lambda p: p.strategy in ("tensor", "hybrid", "auto") or p.tensor == 1, field_path=".tensor"),
+        Rule(cel="self.strategy in ['pipeline', 'hybrid', 'auto'] || self.pipeline == 1",
+             message="spec.parallelism.pipeline > 1 needs strategy pipeline, hybrid or auto",
+             check=lambda p: p.strategy in ("pipeline", "hybrid", "auto") or p.pipeline == 1,
+             field_path=".pipeline"),
+    )
+
+    strategy: Strategy = field("data", doc="data (DDP), fsdp (FSDP2), tensor, pipeline, hybrid (dp x tp x pp) or auto (planner).")
+    tensor: int = field(1, minimum=1, doc="Tensor-parallel degree.")
+    pipeline: int = field(1, minimum=1, doc="Pipeline-parallel degree (stages).")
+    microbatches: int = field(4, minimum=1, doc="Pipeline microbatches per step.")
+    schedule: PipelineSchedule = field("1f1b", doc="Pipeline schedule: gpipe or 1f1b.")
+
+
+@dataclass
+class Sync:
+    """How replicas agree on parameters."""
+
+    algorithm: SyncAlgorithm = field("allreduce", doc="allreduce (DDP), gossip (decentralised) or localsgd (periodic averaging).")
+    topology: Topology = field("ring", doc="Gossip topology: ring, exponential (peers at 2^k) or random (seeded pairs).")
+    period: int = field(1, minimum=1, doc="Steps between gossip or local-SGD averaging rounds.")
+
+
+@dataclass
+class Compression:
+    """Gradient (or gossip payload) compression."""
+
+    method: CompressionMethod = field("none", doc="Compressor applied to what is communicated.")
+    ratio: float = field(0.01, minimum=0, exclusive_minimum=True, maximum=1,
+                         doc="Fraction of entries kept by topk and randomk.")
+    levels: int = field(256, minimum=2, doc="Quantisation levels for qsgd.")
+    rank: int = field(2, minimum=1, doc="PowerSGD approximation rank.")
+    error_feedback: bool = field(True, doc="Carry the compression residual into the next step (biased compressors).")
+
+
+@dataclass
+class Checkpoint:
+    """Periodic checkpoints with torch.distributed.checkpoint."""
+
+    every_steps: int = field(500, minimum=0, doc="Checkpoint every N steps (0: off unless everySeconds).")
+    every_seconds: int = field(0, minimum=0, doc="Checkpoint at least this often, in seconds (0: off).")
+    keep: int = field(3, minimum=1, doc="Complete checkpoints kept; older ones are deleted.")
+    async_: bool = field(True, doc="Write in the background; training blocks only to stage the state.")
+    volume: dict[str, Any] = field({}, free_form=True,
+                                   doc="A core/v1 volume source (e.g. persistentVolumeClaim) mounted at path. Empty: emptyDir.")
+    path: str = field("/checkpoints", doc="Directory (the volume's mount path) or fsspec URL for checkpoints.")
+
+
+@dataclass
+class FaultTolerance:
+    """Restarts of failed workers."""
+
+    max_restarts: int = field(10, minimum=0, doc="Worker replacements after failures before the job fails.")
+    backoff_seconds: int = field(10, minimum=0, doc="Initial delay before a failed worker is replaced; doubles each time.")
+    max_backoff_seconds: int = field(300, minimum=0, doc="Cap on the exponential backoff.")
+    below_min_timeout_seconds: int = field(300, minimum=1, doc="Fail the job after this long with fewer than replicas.min Ready workers.")
+
+
+@dataclass
+class Stragglers:
+    """Detection and replacement of slow workers."""
+
+    policy: StragglerPolicy = field("replace", doc="replace: swap a slow worker for a new pod; ignore: only report.")
+    threshold: float = field(1.5, minimum=1, exclusive_minimum=True,
+                             doc="A worker whose step compute time exceeds threshold x median is a straggler.")
+    window_seconds: int = field(60, minimum=1, doc="Window over which compute times are compared.")
+
+
+@dataclass
+class Scheduling:
+    """Placement of worker pods."""
+
+    gang: bool = field(False, doc="Schedule all workers all-or-nothing (native gang API, or a PodGroup).")
+    scheduler_name: str = field("", doc="Scheduler for worker pods (empty: the default scheduler).")
+    priority_class_name: str = field("", doc="PriorityClass of worker pods.")
+    node_selector: dict[str, str] = field({}, doc="Node labels the workers must match.")
+    tolerations: list[Any] = field([], free_form=True, doc="core/v1 tolerations of worker pods.")
+    affinity: dict[str, Any] = field({}, free_form=True, doc="core/v1 affinity of worker pods.")
+
+
+@dataclass
+class RunPolicy:
+    """Job-level lifecycle policy."""
+
+    suspend: bool = field(False, doc="Delete the workers and keep the status; false again recreates them.")
+    active_deadline_seconds: Optional[int] = field(None, minimum=1, doc="Fail the job (DeadlineExceeded) after this long running.")
+    ttl_seconds_after_finished: Optional[int] = field(None, minimum=0, doc="Delete the job this long after it finished.")
+    success_policy: SuccessPolicy = field("rank0", doc="rank0: the job succeeds when rank 0 exits 0; all: when every worker does.")
+
+
+@dataclass
+class TrainingJobSpec:
+    """TrainingJobSpec is the desired state of an elastic training job."""
+
+    __rules__ = (
+        Rule(cel="!(self.parallelism.strategy in ['tensor', 'pipeline', 'hybrid']) || "
+                 "(self.replicas.min % (self.parallelism.tensor * self.parallelism.pipeline) == 0 && "
+                 "self.replicas.max % (self.parallelism.tensor * self.parallelism.pipeline) == 0)",
+             message="spec.replicas.min and spec.replicas.max must be multiples of "
+                     "spec.parallelism.tensor x spec.parallelism.pipeline",
+             check=lambda s: s.parallelism.strategy not in ("tensor", "pipeline", "hybrid") or (
+                 s.replicas.min % (s.parallelism.tensor * s.parallelism.pipeline) == 0
+                 and s.replicas.max % (s.parallelism.tensor * s.parallelism.pipeline) == 0),
+             field_path=".replicas"),
+        Rule(cel="self.sync.algorithm == 'allreduce' || "
+                 "(self.sync.algorithm == 'gossip' && self.compression.method != 'powersgd') || "
+                 "(self.sync.algorithm == 'localsgd' && self.compression.method in ['none', 'fp16', 'bf16'])",
+             message="spec.compression.method is not supported with this spec.sync.algorithm "
+                     "(gossip: not powersgd; localsgd: none, fp16 or bf16)",
+             check=lambda s: s.compression.method in SUPPORTED_COMPRESSION[s.sync.algorithm],
+             field_path=".compression.method"),
+        Rule(cel="self.sync.algorithm == 'allreduce' || self.parallelism.strategy == 'data'",
+             message="spec.sync.algorithm gossip/localsgd needs spec.parallelism.strategy data",
+             check=lambda s: s.sync.algorithm == "allreduce" or s.parallelism.strategy == "data",
+             field_path=".sync.algorithm"),
+    )
+
+    image: str = field("", doc="Trainer image. Empty: the operator's default image.")
+    workload: Workload = field(Workload, doc="What to train.")
+    replicas: Replicas = field(Replicas, doc="Elastic worker counts.")
+    resources: dict[str, Any] = field({}, free_form=True, doc="core/v1 ResourceRequirements of each worker.")
+    parallelism: Parallelism = field(Parallelism, doc="Parallelism strategy.")
+    sync: Sync = field(Sync, doc="Synchronisation algorithm.")
+    compression: Compression = field(Compression, doc="Communication compression.")
+    checkpoint: Checkpoint = field(Checkpoint, doc="Checkpointing.")
+    fault_tolerance: FaultTolerance = field(FaultTolerance, doc="Failure handling.")
+    stragglers: Stragglers = field(Stragglers, doc="Straggler handling.")
+    scheduling: Scheduling = field(Scheduling, doc="Pod placement.")
+    run_policy: RunPolicy = field(RunPolicy, doc="Lifecycle policy.")
+    pod_template: dict[str, Any] = field(
+        {}, free_form=True,
+        doc="core/v1 PodTemplateSpec fragment merged into every worker: metadata labels/annotations, "
+            "env, volumes, volumeMounts, imagePullSecrets, serviceAccountName.")
+
+
+# --- status ------------------------------------------------------------------
+
+@dataclass
+class Condition:
+    """A Kubernetes-style condition."""
+
+    type: str = field(doc="Condition type, e.g. Ready, Running, Succeeded, Failed.")
+    status: Literal["True", "False", "Unknown"] = field(doc="True, False or Unknown.")
+    reason: str = field("", doc="One-word CamelCase reason.")
+    message: str = field("", doc="Human-readable detail.")
+    last_transition_time: str = field("", doc="When status last changed (RFC 3339).")
+    observed_generation: int = field(0, doc="The spec generation this condition was computed from.")
+
+
+@dataclass
+class ReplicaStatus:
+    """Worker counts as observed."""
+
+    desired: int = field(0, doc="Workers the operator wants in the world.")
+    active: int = field(0, doc="Workers in the current world (the scale subresource's status).")
+    ready: int = field(0, doc="Worker pods Ready.")
+    spares: int = field(0, doc="Standby pods Ready.")
+    summary: str = field("", doc="ready/desired, for kubectl get.")
+
+
+@dataclass
+class WorldStatus:
+    """The membership the operator published."""
+
+    version: int = field(0, doc="Increases on every membership change.")
+    size: int = field(0, doc="Ranks in the current world.")
+
+
+@dataclass
+class Progress:
+    """Training progress reported by rank 0."""
+
+    step: int = field(0, doc="Optimizer steps completed.")
+    epoch: int = field(0, doc="Current epoch.")
+    loss: Optional[float] = field(None, doc="Latest training loss.")
+    samples_per_second: Optional[float] = field(None, doc="Global training throughput.")
+    accuracy: Optional[float] = field(None, doc="Latest evaluation accuracy (classification).")
+    plan: str = field("", doc="The parallelism plan in use (strategy auto says which it chose).")
+    updated_at: str = field("", doc="When progress was last read (RFC 3339).")
+
+
+@dataclass
+class CheckpointStatus:
+    """The newest committed checkpoint."""
+
+    step: int = field(0, doc="Step of the checkpoint.")
+    location: str = field("", doc="Where it is stored.")
+    time: str = field("", doc="When it was committed (RFC 3339).")
+
+
+@dataclass
+class Replacements:
+    """Workers replaced, by reason."""
+
+    failure: int = field(0, doc="Replaced after failing.")
+    straggler: int = field(0, doc="Replaced for being slow.")
+
+
+@dataclass
+class TrainingJobStatus:
+    """TrainingJobStatus is the observed state of a TrainingJob."""
+
+    phase: Phase = field("Pending", doc="Pending, Running, Recovering, Suspended, Succeeded or Failed.")
+    conditions: list[Condition] = field([], doc="Conditions: Ready, Running, Suspended, Succeeded, Failed, GangScheduling.")
+    observed_generation: int = field(0, doc="The spec generation last reconciled.")
+    replicas: ReplicaStatus = field(ReplicaStatus, doc="Worker counts.")
+    selector: str = field("", doc="Label selector of the workers (for the scale subresource / HPA).")
+    world: WorldStatus = field(WorldStatus, doc="Published membership.")
+    progress: Progress = field(Progress, doc="Training progress.")
+    last_checkpoint: CheckpointStatus = field(CheckpointStatus, doc="Newest committed checkpoint.")
+    restarts: int = field(0, doc="Workers replaced after failures.")
+    replacements: Replacements = field(Replacements, doc="Replacements by reason.")
+    start_time: str = field("", doc="When the job first had min workers running (RFC 3339).")
+    completion_time: str = field("", doc="When the job finished (RFC 3339).")

@@ -1,0 +1,297 @@
+"""Turns annotated dataclasses into a structural OpenAPI schema, and parses dicts.
+
+One field declaration carries its type, default, doc, enum (via ``Literal``)
+and range. From it come: the CRD's ``openAPIV3Schema`` (with defaults, enums,
+bounds and CEL rules), Python-side defaulting and validation (for manifests
+that never meet an API server, e.g. ``cohort run --local``), and the API docs.
+
+Cross-field rules are declared once as :class:`Rule`: a CEL expression for the
+API server and the equivalent Python predicate beside it, so the two cannot
+drift apart unnoticed (a unit test runs the invalid-manifest table against
+both).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, Literal, TypeGuard, Union, get_args, get_origin
+
+MISSING = dataclasses.MISSING
+
+
+class ValidationError(ValueError):
+    """A manifest or config is invalid. The message starts with the field path."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A cross-field rule checked by the API server (CEL) and in Python."""
+
+    cel: str
+    message: str
+    check: Callable[[Any], bool]
+    field_path: str | None = None  # CEL fieldPath, relative to the object
+
+
+def field(
+    default: Any = MISSING,
+    *,
+    doc: str,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    exclusive_minimum: bool = False,
+    pattern: str | None = None,
+    pattern_message: str | None = None,
+    free_form: bool = False,
+    strict: bool = True,
+) -> Any:
+    """Declare a model field. Mutable defaults are copied per instance.
+
+    ``free_form`` marks an object whose contents Kubernetes or the user own
+    (resources, affinity, modelArgs): kept as-is and not validated here.
+    """
+    meta = {
+        "doc": doc,
+        "minimum": minimum,
+        "maximum": maximum,
+        "exclusive_minimum": exclusive_minimum,
+        "pattern": pattern,
+        "pattern_message": pattern_message,
+        "free_form": free_form,
+    }
+    if isinstance(default, (dict, list)):
+        frozen = copy.deepcopy(default)
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(frozen), metadata=meta)
+    if dataclasses.is_dataclass(default) and isinstance(default, type):
+        return dataclasses.field(default_factory=default, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+# --- type helpers -----------------------------------------------------------
+
+def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(get_args(tp)) == 2:
+            return args[0], True
+    return tp, False
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls, include_extras=False)
+
+
+def is_model(tp: Any) -> TypeGuard[type[Any]]:
+    """True for a model class (a dataclass type, not an instance)."""
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def _default_of(f: dataclasses.Field) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return MISSING
+
+
+def _json_default(value: Any) -> Any:
+    # An absent section defaults to its fully-defaulted value, so CEL rules on
+    # it see every field (the API server validates defaults against the rules).
+    return to_dict(value)
+
+
+# --- schema generation ------------------------------------------------------
+
+def openapi_schema(cls: type, *, description: str | None = None) -> dict[str, Any]:
+    """The structural OpenAPI v3 schema of a model dataclass."""
+    hints = _hints(cls)
+    props: dict[str, Any] = {}
+    required: list[str] = []
+    for f in dataclasses.fields(cls):
+        name = f.name
+        fs = _type_schema(hints[name], f.metadata)
+        fs["description"] = f.metadata.get("doc", "")
+        default = _default_of(f)
+        if default is MISSING:
+            required.append(_json_name(name))
+        elif default is not None:
+            fs["default"] = _json_default(default)
+        props[_json_name(name)] = fs
+    schema: dict[str, Any] = {"type": "object", "properties": props}
+    doc = description or (cls.__doc__ or "").strip().split("\n\n")[0]
+    if doc:
+        schema["description"] = " ".join(doc.split())
+    if required:
+        schema["required"] = required
+    rules = getattr(cls, "__rules__", ())
+    if rules:
+        schema["x-kubernetes-validations"] = [_rule_schema(r) for r in rules]
+    return schema
+
+
+def _rule_schema(rule: Rule) -> dict[str, Any]:
+    out = {"rule": rule.cel, "message": rule.message}
+    if rule.field_path:
+        out["fieldPath"] = rule.field_path
+    return out
+
+
+def _type_schema(tp: Any, meta: typing.Mapping[str, Any]) -> dict[str, Any]:
+    tp, nullable = _unwrap_optional(tp)
+    s: dict[str, Any]
+    origin = get_origin(tp)
+    if is_model(tp):
+        s = openapi_schema(tp)
+        s.pop("description", None)
+    elif origin is Literal:
+        values = list(get_args(tp))
+        s = {"type": "string", "enum": values}
+    elif tp is bool:
+        s = {"type": "boolean"}
+    elif tp is int:
+        s = {"type": "integer"}
+    elif tp is float:
+        s = {"type": "number"}
+    elif tp is str:
+        s = {"type": "string"}
+    elif origin is dict or tp is dict:
+        args = get_args(tp)
+        if meta.get("free_form") or not args or args[1] is Any:
+            s = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+        else:
+            s = {"type": "object", "additionalProperties": _type_schema(args[1], {})}
+    elif origin is list:
+        (item,) = get_args(tp)
+        if item is Any or meta.get("free_form"):
+            item_s = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+        else:
+            item_s = _type_schema(item, {})
+        s = {"type": "array", "items": item_s}
+    else:
+        raise TypeError(f"unsupported model type {tp!r}")
+    if meta.get("minimum") is not None:
+        s["minimum"] = meta["minimum"]
+        if meta.get("exclusive_minimum"):
+            s["exclusiveMinimum"] = True
+    if meta.get("maximum") is not None:
+        s["maximum"] = meta["maximum"]
+    if meta.get("pattern"):
+        s["pattern"] = meta["pattern"]
+    if nullable:
+        s["nullable"] = True
+    return s
+
+
+def _json_name(py_name: str) -> str:
+    head, *rest = py_name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+# --- parsing, defaulting, validation -----------------------------------------
+
+T = typing.TypeVar("T")
+
+
+def parse(cls: type[T], data: Any, path: str = "spec") -> T:
+    """Build a model from a dict, applying defaults and every validation.
+
+    Unknown keys are refused (a likely typo), except inside free-form fields.
+    Raises :class:`ValidationError` whose message starts with the field path.
+    """
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ValidationError(f"{path}: must be an object, got {type(data).__name__}")
+    hints = _hints(cls)
+    by_json = {_json_name(f.name): f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(by_json))
+    if unknown:
+        raise ValidationError(
+            f"{path}.{unknown[0]}: unknown field (known: {', '.join(sorted(by_json))})")
+    kwargs = {}
+    for jname, f in by_json.items():
+        fpath = f"{path}.{jname}"
+        if jname in data:
+            kwargs[f.name] = _parse_value(hints[f.name], f.metadata, data[jname], fpath)
+        elif _default_of(f) is MISSING:
+            raise ValidationError(f"{fpath}: required field is missing")
+    obj = cls(**kwargs)
+    for rule in getattr(cls, "__rules__", ()):
+        if not rule.check(obj):
+            raise ValidationError(f"{path}{rule.field_path or ''}: {rule.message}")
+    return obj
+
+
+def _parse_value(tp: Any, meta: typing.Mapping[str, Any], value: Any, path: str) -> Any:
+    tp, nullable = _unwrap_optional(tp)
+    if value is None:
+        if nullable:
+            return None
+        raise ValidationError(f"{path}: must not be null")
+    origin = get_origin(tp)
+    if is_model(tp):
+        return parse(tp, value, path)
+    if origin is Literal:
+        allowed = get_args(tp)
+        if value not in allowed:
+            raise ValidationError(
+                f"{path}: unsupported value {value!r}; supported values: {', '.join(map(str, allowed))}")
+        return value
+    if tp is bool:
+        _check_type(value, bool, path, "boolean")
+    elif tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValidationError(f"{path}: must be an integer, got {value!r}")
+    elif tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValidationError(f"{path}: must be a number, got {value!r}")
+        value = float(value)
+    elif tp is str:
+        _check_type(value, str, path, "string")
+    elif origin is dict or tp is dict:
+        _check_type(value, dict, path, "object")
+        return copy.deepcopy(value)
+    elif origin is list:
+        _check_type(value, list, path, "array")
+        (item,) = get_args(tp)
+        if item is Any or meta.get("free_form"):
+            return copy.deepcopy(value)
+        return [_parse_value(item, {}, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    _check_bounds(value, meta, path)
+    return value
+
+
+def _check_type(value: Any, tp: type, path: str, name: str) -> None:
+    if not isinstance(value, tp):
+        raise ValidationError(f"{path}: must be a {name}, got {value!r}")
+
+
+def _check_bounds(value: Any, meta: typing.Mapping[str, Any], path: str) -> None:
+    lo, hi = meta.get("minimum"), meta.get("maximum")
+    if lo is not None:
+        if meta.get("exclusive_minimum") and not value > lo:
+            raise ValidationError(f"{path}: must be greater than {lo}, got {value}")
+        if not meta.get("exclusive_minimum") and not value >= lo:
+            raise ValidationError(f"{path}: must be at least {lo}, got {value}")
+    if hi is not None and not value <= hi:
+        raise ValidationError(f"{path}: must be at most {hi}, got {value}")
+    pattern = meta.get("pattern")
+    if pattern and not re.fullmatch(pattern, value):
+        raise ValidationError(f"{path}: {meta.get('pattern_message') or 'must match ' + pattern}, got {value!r}")
+
+
+def to_dict(obj: Any) -> Any:
+    """A model as the JSON-shaped dict the API server would store (camelCase)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {_json_name(f.name): to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj

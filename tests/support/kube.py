@@ -1,0 +1,111 @@
+"""Small helpers for tests against the real API server: clients, waits, CRDs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+T = TypeVar("T")
+
+GROUP, VERSION, PLURAL = "cohort.dev", "v1alpha1", "trainingjobs"
+
+
+def reachable(kubeconfig: str) -> bool:
+    try:
+        api = client.ApiClient(config.new_client_from_config(kubeconfig).configuration)
+        client.VersionApi(api).get_code(_request_timeout=3)
+        return True
+    except Exception:
+        return False
+
+
+def wait_for(predicate: Callable[[], T], timeout_s: float = 30, interval_s: float = 0.2, what: str = "") -> T:
+    """Poll until predicate() is truthy; return its value, or fail saying what was awaited."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+        except ApiException as e:
+            last = e
+        else:
+            if last:
+                return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}; last value: {last!r}")
+
+
+class Cluster:
+    """API clients bound to one kubeconfig."""
+
+    def __init__(self, kubeconfig: str):
+        self.kubeconfig = kubeconfig
+        self.api = config.new_client_from_config(kubeconfig)
+        self.core = client.CoreV1Api(self.api)
+        self.apps = client.AppsV1Api(self.api)
+        self.rbac = client.RbacAuthorizationV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+        self.ext = client.ApiextensionsV1Api(self.api)
+        self.authz = client.AuthorizationV1Api(self.api)
+        self.policy = client.PolicyV1Api(self.api)
+
+    # --- CRDs ---------------------------------------------------------------
+    def ensure_crds(self, directory: Path) -> None:
+        for path in sorted(directory.glob("*.yaml")):
+            crd = yaml.safe_load(path.read_text())
+            name = crd["metadata"]["name"]
+            try:
+                current = self.ext.read_custom_resource_definition(name)
+                crd["metadata"]["resourceVersion"] = current.metadata.resource_version
+                self.ext.replace_custom_resource_definition(name, crd)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                self.ext.create_custom_resource_definition(crd)
+            wait_for(lambda n=name: _established(self.ext.read_custom_resource_definition(n)), 30,
+                     what=f"CRD {name} Established")
+
+    # --- namespaces ---------------------------------------------------------
+    def delete_namespace(self, name: str) -> None:
+        try:
+            self.core.delete_namespace(name, propagation_policy="Background")
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    # --- TrainingJobs -------------------------------------------------------
+    def create_job(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body,
+                                                           field_validation="Strict")
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+
+    def patch_job(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return self.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+
+    def job_pods(self, namespace: str, name: str) -> list[client.V1Pod]:
+        return self.core.list_namespaced_pod(namespace, label_selector=f"cohort.dev/job={name}").items
+
+    def events(self, namespace: str, name: str) -> list[client.CoreV1Event]:
+        return self.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
+
+
+def _established(crd: Any) -> bool:
+    return any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or []))
+
+
+def condition(job: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    for c in job.get("status", {}).get("conditions", []):
+        if c["type"] == type_:
+            return c
+    return None

@@ -1,0 +1,1 @@
+"""Cohort's elastic distributed PyTorch trainer."""
