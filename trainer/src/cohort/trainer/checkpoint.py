@@ -1,0 +1,183 @@
+"""Checkpoints with torch.distributed.checkpoint (DCP): async, atomic, pruned.
+
+Layout (docs/contracts.md §6): ``<root>/step-<8 digits>/`` holds the DCP files,
+and a ``COMMITTED`` file is written last; a directory without it is
+incomplete and never resumed from. The newest ``keep`` committed ones are kept.
+
+Replicated strategies (data, gossip, localsgd) save from rank 0 alone
+(``no_dist``), so a save never depends on a process group that a membership
+change may tear down mid-write. Sharded strategies save collectively on a
+dedicated group. ``root`` may be a local path (a PVC mount) or an fsspec URL.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from .log import get_logger
+
+log = get_logger(__name__)
+MARKER = "COMMITTED"
+STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint location is unusable; the message names the path."""
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    step: int
+    location: str
+    time: str = ""
+
+
+def _join(root: str, name: str) -> str:
+    return root.rstrip("/") + "/" + name
+
+
+class Checkpointer:
+    def __init__(self, root: str, keep: int, async_save: bool, metrics: Any = None):
+        self.root, self.keep, self.async_save, self.metrics = root, keep, async_save, metrics
+        self.fs, self.fs_root = fsspec.core.url_to_fs(root)
+        self.is_url = "://" in root
+        self._done = threading.Event()  # set when the save in flight is committed (or failed)
+        self._done.set()
+        self.last: CheckpointRef | None = None
+        self.committed = 0
+
+    # --- discovery ------------------------------------------------------------
+    def check_writable(self) -> None:
+        probe = _join(self.fs_root, f".write-probe-{time.time_ns()}")
+        try:
+            self.fs.makedirs(self.fs_root, exist_ok=True)
+            with self.fs.open(probe, "w") as f:
+                f.write("ok")
+            self.fs.rm(probe)
+        except Exception as e:  # permission, read-only, missing bucket...
+            raise CheckpointError(f"spec.checkpoint.path: cannot write to {self.root} ({e})") from e
+
+    def committed_steps(self) -> list[int]:
+        try:
+            entries = self.fs.ls(self.fs_root, detail=False)
+        except FileNotFoundError:
+            return []
+        steps = []
+        for entry in entries:
+            m = STEP_DIR.match(entry.rstrip("/").rsplit("/", 1)[-1])
+            if m and self.fs.exists(_join(entry, MARKER)):
+                steps.append(int(m.group(1)))
+        return sorted(steps)
+
+    def latest(self) -> CheckpointRef | None:
+        steps = self.committed_steps()
+        if not steps:
+            return None
+        path = self.path(steps[-1])
+        meta = json.loads(self.fs.cat(_join(self._fs_path(steps[-1]), MARKER)))
+        return CheckpointRef(steps[-1], path, meta.get("time", ""))
+
+    def path(self, step: int) -> str:
+        return _join(self.root, f"step-{step:08d}")
+
+    def _fs_path(self, step: int) -> str:
+        return _join(self.fs_root, f"step-{step:08d}")
+
+    def _writer(self, step: int):
+        if self.is_url:
+            from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+            return FsspecWriter(self.path(step))
+        return dcp.FileSystemWriter(self.path(step))
+
+    def _reader(self, step: int):
+        if self.is_url:
+            from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+            return FsspecReader(self.path(step))
+        return dcp.FileSystemReader(self.path(step))
+
+    # --- save -----------------------------------------------------------------
+    def save(self, step: int, state: dict[str, Any], meta: dict[str, Any], *, coordinator: bool = True,
+             group: dist.ProcessGroup | None = None, sharded: bool = False) -> float:
+        """Start saving ``state`` at ``step``; returns the seconds training was blocked."""
+        t0 = time.perf_counter()
+        self.wait()  # one save in flight at a time: a slow disk stalls training instead of piling up copies
+        kwargs: dict[str, Any] = ({"process_group": group} if sharded else {"no_dist": True})
+        writer = self._writer(step)
+        if self.async_save:
+            fut = dcp.async_save(state, storage_writer=writer, **kwargs)
+            fut = getattr(fut, "upload_completion", fut)
+        else:
+            dcp.save(state, storage_writer=writer, **kwargs)
+            fut = Future()
+            fut.set_result(None)
+        stall = time.perf_counter() - t0
+        self._done.clear()
+        started = time.perf_counter()
+        fut.add_done_callback(lambda f: self._on_written(f, step, meta, coordinator, started))
+        if self.metrics is not None:
+            self.metrics.checkpoint_seconds.labels("stall").observe(stall)
+        return stall
+
+    def _on_written(self, fut: Future, step: int, meta: dict[str, Any], coordinator: bool, started: float) -> None:
+        try:
+            if fut.exception() is not None:
+                log.error("checkpoint write failed", extra={"step": step, "error": str(fut.exception())})
+            elif coordinator:
+                self._commit(step, meta, started)
+        except Exception as e:  # never let a callback thread die silently
+            log.error("checkpoint commit failed", extra={"step": step, "error": str(e)})
+        finally:
+            self._done.set()
+
+    def _commit(self, step: int, meta: dict[str, Any], started: float) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        marker = _join(self._fs_path(step), MARKER)
+        tmp = marker + ".tmp"
+        with self.fs.open(tmp, "w") as f:
+            f.write(json.dumps({"step": step, "time": stamp, **meta}))
+        self.fs.mv(tmp, marker)  # the commit point: rename is atomic on local filesystems
+        self.last = CheckpointRef(step, self.path(step), stamp)
+        self.committed += 1
+        if self.metrics is not None:
+            self.metrics.checkpoint_seconds.labels("write").observe(time.perf_counter() - started)
+            self.metrics.checkpoints.inc()
+        log.info("checkpoint committed", extra={"step": step, "location": self.path(step)})
+        self.prune()
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is committed or has failed."""
+        self._done.wait()
+
+    def prune(self) -> None:
+        steps = self.committed_steps()
+        newest = steps[-1] if steps else -1
+        for step in steps[:-self.keep]:
+            self.fs.rm(self._fs_path(step), recursive=True)
+        # Incomplete directories older than the newest commit are leftovers of interrupted writes.
+        try:
+            entries = self.fs.ls(self.fs_root, detail=False)
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            m = STEP_DIR.match(entry.rstrip("/").rsplit("/", 1)[-1])
+            if m and int(m.group(1)) < newest and not self.fs.exists(_join(entry, MARKER)):
+                self.fs.rm(entry, recursive=True)
+
+    # --- load -----------------------------------------------------------------
+    def load(self, step: int, state: dict[str, Any], *, group: dist.ProcessGroup | None = None,
+             sharded: bool = False) -> None:
+        """Load checkpoint ``step`` into ``state`` in place (resharding to this world if needed)."""
+        kwargs: dict[str, Any] = {"process_group": group} if sharded else {"no_dist": True}
+        dcp.load(state, storage_reader=self._reader(step), **kwargs)

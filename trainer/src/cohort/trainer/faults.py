@@ -1,0 +1,70 @@
+"""Fault injection for tests and demos (documented in docs/contracts.md §2).
+
+``COHORT_FAULT_SLOW=rank=R,factor=F,step=S``: from step S on, the process that
+holds rank R computes F times slower, for the rest of its life.
+``COHORT_FAULT_KILL=rank=R,step=S``: at step S the process holding rank R
+SIGKILLs itself.
+
+Only a process still in the first world it joined, and already training
+before step S, acts: a newcomer that later takes rank R (a replacement) is
+healthy, and survivors of the fault (now in a later world) do not re-trigger
+it when they replay step S.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+
+def _parse(value: str, name: str) -> dict[str, float]:
+    out = {}
+    for part in filter(None, value.split(",")):
+        key, sep, v = part.partition("=")
+        if not sep:
+            raise ValueError(f"{name}: expected key=value pairs, got {value!r}")
+        out[key.strip()] = float(v)
+    return out
+
+
+@dataclass
+class Faults:
+    slow_rank: int = -1
+    slow_factor: float = 1.0
+    slow_step: int = 0
+    kill_rank: int = -1
+    kill_step: int = 0
+    first_step: int | None = None  # first step this process trained
+    slowed: bool = False
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> Faults:
+        f = cls()
+        if env.get("COHORT_FAULT_SLOW"):
+            p = _parse(env["COHORT_FAULT_SLOW"], "COHORT_FAULT_SLOW")
+            f.slow_rank, f.slow_factor, f.slow_step = int(p["rank"]), p.get("factor", 2.0), int(p.get("step", 0))
+        if env.get("COHORT_FAULT_KILL"):
+            p = _parse(env["COHORT_FAULT_KILL"], "COHORT_FAULT_KILL")
+            f.kill_rank, f.kill_step = int(p["rank"]), int(p.get("step", 0))
+        return f
+
+    def before_step(self, rank: int, step: int, first_world: bool) -> None:
+        if self.first_step is None:
+            self.first_step = step
+        if not first_world:
+            return
+        if self.kill_rank == rank and step == self.kill_step and self.first_step < max(self.kill_step, 1):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if (not self.slowed and self.slow_rank == rank and step >= self.slow_step
+                and self.first_step < max(self.slow_step, 1)):
+            self.slowed = True
+
+    def delay(self, compute_s: float) -> float:
+        """Sleep to make this step's compute ``factor`` times longer; returns the added seconds."""
+        if not self.slowed or self.slow_factor <= 1:
+            return 0.0
+        extra = (self.slow_factor - 1.0) * compute_s
+        time.sleep(extra)
+        return extra

@@ -1,0 +1,242 @@
+"""``cohort run JOB.yaml --local --workers N``: the same manifest, no Kubernetes.
+
+The launcher plays the operator's part on one machine: it renders the job
+config, starts N worker processes (each on its own loopback IP, as pods have
+their own IPs), and is the membership authority: it writes the world file the
+workers follow (docs/contracts.md §3). When a worker dies it publishes a new
+world without it at once (the survivors recover in place), and, unless told
+not to, starts a replacement that joins when ready. It shows live progress and
+ends with a summary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from .config import JobConfig
+
+
+@dataclass
+class Worker:
+    name: str
+    ip: str
+    proc: subprocess.Popen
+    log_path: Path
+    term_path: Path
+    ready: bool = False
+    exit_code: int | None = None
+
+
+@dataclass
+class LocalRun:
+    cfg: JobConfig
+    workers: int
+    run_dir: Path
+    checkpoint_dir: Path
+    replace_failed: bool = True
+    max_restarts: int | None = None
+    out: TextIO = sys.stderr
+    extra_env: dict[str, str] = field(default_factory=dict)
+    progress_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        self.config_path = self.run_dir / "job.json"
+        self.config_path.write_text(json.dumps(self.cfg.to_document(), indent=1))
+        self.world_path = self.run_dir / "world.json"
+        self.ip_prefix = f"127.{random.randint(100, 250)}.{random.randint(0, 255)}"
+        self.pool: list[Worker] = []
+        self.members: list[Worker] = []
+        self.version = 0
+        self.next_index = 0
+        self.restarts = 0
+        self.recoveries: list[dict[str, Any]] = []
+        self.t0 = time.monotonic()
+        self._first_progress: tuple[float, int] | None = None
+
+    # --- processes -----------------------------------------------------------------
+    def _spawn(self) -> Worker:
+        i = self.next_index
+        self.next_index += 1
+        name, ip = f"{self.cfg.name}-worker-{i}", f"{self.ip_prefix}.{10 + i}"
+        log_path, term_path = self.run_dir / f"{name}.log", self.run_dir / f"{name}.termination"
+        env = {**os.environ, "COHORT_WORLD": f"file:{self.world_path}", "COHORT_POD_NAME": name,
+               "COHORT_POD_IP": ip, "COHORT_JOB_NAME": self.cfg.name, "COHORT_NAMESPACE": self.cfg.namespace,
+               "COHORT_CONFIG": str(self.config_path), "COHORT_TERMINATION_LOG": str(term_path),
+               "COHORT_PATH_MAP": json.dumps({self.cfg.spec.checkpoint.path: str(self.checkpoint_dir)}),
+               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **self.extra_env}
+        log_file = open(log_path, "w")  # noqa: SIM115 - owned by the child for its lifetime
+        proc = subprocess.Popen([sys.executable, "-m", "cohort.trainer.cli", "train", "--config",
+                                 str(self.config_path)], env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        log_file.close()
+        w = Worker(name, ip, proc, log_path, term_path)
+        self.pool.append(w)
+        return w
+
+    def _is_ready(self, w: Worker) -> bool:
+        if w.ready:
+            return True
+        try:
+            with urllib.request.urlopen(f"http://{w.ip}:{self.cfg.metrics_port}/healthz", timeout=0.5):
+                w.ready = True
+        except OSError:
+            pass
+        return w.ready
+
+    def _publish(self, reason: str) -> None:
+        self.version += 1
+        doc = {"version": self.version,
+               "members": [{"rank": r, "pod": w.name, "ip": w.ip} for r, w in enumerate(self.members)],
+               "master": {"addr": self.members[0].ip if self.members else "", "port": self.cfg.rendezvous_port},
+               "spares": [], "reason": reason}
+        tmp = self.world_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(self.world_path)
+
+    def _progress(self) -> dict[str, Any] | None:
+        if not self.members:
+            return None
+        try:
+            url = f"http://{self.members[0].ip}:{self.cfg.metrics_port}/progress"
+            with urllib.request.urlopen(url, timeout=0.5) as r:
+                return json.load(r)
+        except (OSError, ValueError):
+            return None
+
+    def terminate(self) -> None:
+        for w in self.pool:
+            if w.proc.poll() is None:
+                os.killpg(w.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for w in self.pool:
+            try:
+                w.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(w.proc.pid, signal.SIGKILL)
+                w.proc.wait()
+
+    # --- the authority loop --------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        max_restarts = self.cfg.spec.fault_tolerance.max_restarts if self.max_restarts is None else self.max_restarts
+        self._say(f"starting {self.workers} workers for {self.cfg.name} (logs: {self.run_dir})")
+        for _ in range(self.workers):
+            self._spawn()
+        last_print = 0.0
+        try:
+            while True:
+                self._admit_ready()
+                failed = self._reap()
+                if failed:
+                    self.members = [w for w in self.members if w not in failed]
+                    names = ", ".join(w.name for w in failed)
+                    self.recoveries.append({"t": time.monotonic() - self.t0, "failed": names})
+                    if self.members:
+                        self._publish(f"worker {names} failed")
+                        self._say(f"worker {names} failed; world v{self.version} has {len(self.members)} ranks")
+                    for w in failed:
+                        self._say("  last log lines:\n" + _tail(w.log_path, 5))
+                    if self.replace_failed:
+                        for _ in failed:
+                            if self.restarts >= max_restarts:
+                                raise RuntimeError(f"more than maxRestarts={max_restarts} worker failures")
+                            self.restarts += 1
+                            self._spawn()
+                if any(w.exit_code == 0 for w in self.members):  # training completed (rank 0 or all)
+                    self._await_members_exit(timeout_s=30)
+                    return self._summary()
+                if not self.members and not any(w.proc.poll() is None for w in self.pool):
+                    raise RuntimeError("every worker exited without finishing; see the logs in " + str(self.run_dir))
+                now = time.monotonic()
+                if now - last_print >= self.progress_interval_s:
+                    self._show_progress()
+                    last_print = now
+                time.sleep(0.05)
+        finally:
+            self.terminate()
+
+    def _await_members_exit(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for w in self.members:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                w.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+
+    def _admit_ready(self) -> None:
+        waiting = [w for w in self.pool if w not in self.members and w.exit_code is None and w.proc.poll() is None]
+        ready = [w for w in waiting if self._is_ready(w)]
+        if not ready:
+            return
+        if self.version == 0 and len(ready) < len(waiting) and time.monotonic() - self.t0 < 120:
+            return  # at start, admit everyone together so the first world is the full world
+        self.members += ready
+        self._publish("admitted " + ", ".join(w.name for w in ready))
+
+    def _reap(self) -> list[Worker]:
+        failed = []
+        for w in self.pool:
+            if w.exit_code is None and w.proc.poll() is not None:
+                w.exit_code = w.proc.returncode
+                if w.exit_code != 0 and w in self.members:
+                    failed.append(w)
+                elif w.exit_code != 0:
+                    self._say(f"{w.name} exited with {w.exit_code} before joining:\n" + _tail(w.log_path, 8))
+        return failed
+
+    def _show_progress(self) -> None:
+        p = self._progress()
+        if not p or p.get("state") not in ("training", "done"):
+            return
+        step, total = p.get("step", 0), p.get("stepsTotal")
+        sps, loss = p.get("samplesPerSecond") or 0.0, p.get("loss")
+        elapsed = time.monotonic() - self.t0
+        eta = ""
+        if self._first_progress is None:
+            self._first_progress = (elapsed, step)
+        t_first, s_first = self._first_progress
+        if total and step > s_first and elapsed > t_first:
+            rate = (step - s_first) / (elapsed - t_first)
+            eta = f" eta {max(0.0, (total - step) / rate):.0f}s"
+        acc = f" acc {p['accuracy']:.3f}" if p.get("accuracy") is not None else ""
+        self._say(f"step {step}/{total or '?'} epoch {p.get('epoch', 0)} loss {loss if loss is None else round(loss, 4)}"
+                  f"{acc} {sps:.0f} samples/s world v{p.get('worldVersion')}x{p.get('worldSize')}{eta}")
+
+    def _summary(self) -> dict[str, Any]:
+        rank0 = self.members[0]
+        try:
+            summary = json.loads(rank0.term_path.read_text())
+        except (OSError, ValueError):
+            summary = {}
+        summary.update({"wallSeconds": round(time.monotonic() - self.t0, 2), "restarts": self.restarts,
+                        "worldVersions": self.version, "checkpointDir": str(self.checkpoint_dir),
+                        "runDir": str(self.run_dir)})
+        return summary
+
+    def _say(self, text: str) -> None:
+        print(f"[cohort {time.monotonic() - self.t0:6.1f}s] {text}", file=self.out, flush=True)
+
+
+def _tail(path: Path, n: int) -> str:
+    try:
+        return "\n".join("    " + line for line in path.read_text().splitlines()[-n:])
+    except OSError:
+        return "    (no log)"
+
+
+def run_local(cfg: JobConfig, workers: int, checkpoint_dir: str | None = None, run_dir: str | None = None,
+              **kwargs: Any) -> dict[str, Any]:
+    rd = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix=f"cohort-{cfg.name}-"))
+    ck = Path(checkpoint_dir) if checkpoint_dir else rd / "checkpoints"
+    return LocalRun(cfg, workers, rd, ck, **kwargs).run()

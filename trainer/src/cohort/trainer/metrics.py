@@ -1,0 +1,93 @@
+"""Worker metrics and the worker's HTTP endpoints: /metrics, /healthz, /progress.
+
+The catalogue is fixed by docs/contracts.md §4 (the Grafana dashboard, the
+alerts and the operator's straggler detector read these names).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+SLOW_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class WorkerMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.step = Gauge("cohort_step", "Last completed optimizer step", registry=r)
+        self.epoch = Gauge("cohort_epoch", "Current epoch", registry=r)
+        self.steps = Counter("cohort_steps", "Steps completed by this process", registry=r)
+        self.step_seconds = Histogram("cohort_step_seconds", "Wall time per step", buckets=STEP_BUCKETS, registry=r)
+        self.compute_seconds = Histogram("cohort_step_compute_seconds",
+                                         "Per-step compute without exposed communication",
+                                         buckets=STEP_BUCKETS, registry=r)
+        self.comm_seconds = Histogram("cohort_step_comm_seconds", "Per-step communication not hidden by compute",
+                                      buckets=STEP_BUCKETS, registry=r)
+        self.samples_per_second = Gauge("cohort_samples_per_second", "Global training throughput", registry=r)
+        self.loss = Gauge("cohort_loss", "Latest training loss", registry=r)
+        self.accuracy = Gauge("cohort_eval_accuracy", "Latest evaluation accuracy", registry=r)
+        self.perplexity = Gauge("cohort_eval_perplexity", "Latest evaluation perplexity", registry=r)
+        self.bytes_sent = Counter("cohort_bytes_sent", "Bytes sent on the wire for sync", registry=r)
+        self.compression_ratio = Gauge("cohort_compression_ratio", "Dense fp32 bytes / payload bytes", registry=r)
+        self.checkpoint_seconds = Histogram("cohort_checkpoint_seconds", "Checkpoint stall / write time",
+                                            ["phase"], buckets=SLOW_BUCKETS, registry=r)
+        self.checkpoints = Counter("cohort_checkpoints", "Checkpoints committed", registry=r)
+        self.world_size = Gauge("cohort_world_size", "Ranks in the current world", registry=r)
+        self.world_version = Gauge("cohort_world_version", "Version of the current world", registry=r)
+        self.rank = Gauge("cohort_rank", "This process's rank (-1: not a member)", registry=r)
+        self.recoveries = Counter("cohort_recoveries", "World changes survived", ["source"], registry=r)
+        self.recovery_seconds = Histogram("cohort_recovery_seconds", "Leaving the old world to first new step",
+                                          buckets=SLOW_BUCKETS, registry=r)
+        self.info = Gauge("cohort_trainer_info", "What is running",
+                          ["job", "strategy", "sync", "compression", "plan"], registry=r)
+        self.rank.set(-1)
+        for src in ("peer", "checkpoint"):
+            self.recoveries.labels(src)
+        for phase in ("stall", "write"):
+            self.checkpoint_seconds.labels(phase)
+        self.progress: dict[str, Any] = {"state": "starting", "step": 0, "epoch": 0}
+        self._lock = threading.Lock()
+
+    def update_progress(self, **fields: Any) -> None:
+        with self._lock:
+            self.progress.update(fields)
+
+    def progress_json(self) -> bytes:
+        with self._lock:
+            return json.dumps(self.progress).encode()
+
+    def serve(self, host: str, port: int) -> ThreadingHTTPServer:
+        metrics = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?")[0]
+                if path == "/metrics":
+                    body, ctype = generate_latest(metrics.registry), CONTENT_TYPE_LATEST
+                elif path == "/healthz":
+                    body, ctype = b"ok\n", "text/plain"
+                elif path == "/progress":
+                    body, ctype = metrics.progress_json(), "application/json"
+                else:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        server = ThreadingHTTPServer((host, port), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+        return server

@@ -1,0 +1,1 @@
+"""Parallelism strategies (``spec.parallelism.strategy``), applied per world."""

@@ -1,0 +1,34 @@
+"""``parallelism.strategy: data``: every rank holds the whole model; a Sync keeps replicas in agreement."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..sync.base import SyncContext
+from ..sync.registry import SYNCS
+from .base import Plan, PlanContext
+
+
+class DataParallel(Plan):
+    replicated = True
+
+    def __init__(self, ctx: PlanContext):
+        super().__init__(ctx)
+        algo = ctx.spec.sync.algorithm
+        self.sync = SYNCS[algo](SyncContext(ctx.rank, ctx.world_size, ctx.spec, ctx.stats))
+
+    def apply(self, model: nn.Module) -> nn.Module:
+        self.module = self.sync.wrap(model)
+        return self.module
+
+    def after_step(self, step: int) -> None:
+        assert self.module is not None
+        self.sync.after_step(self.module, step)
+
+    def eval_module(self) -> nn.Module:
+        assert self.module is not None
+        return self.sync.eval_model(self.module)
+
+    def describe(self) -> str:
+        c = self.ctx.spec.compression.method
+        return f"data dp={self.dp_size} sync={self.ctx.spec.sync.algorithm}" + (f" compression={c}" if c != "none" else "")

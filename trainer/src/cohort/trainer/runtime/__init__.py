@@ -1,0 +1,1 @@
+"""Distributed runtime: membership (the world), process groups, elastic recovery."""

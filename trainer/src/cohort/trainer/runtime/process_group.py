@@ -1,0 +1,109 @@
+"""Forming and tearing down the process group of one world version, in-process.
+
+Rank 0 of a world hosts a TCPStore on its own IP (bound through a socket we
+create, so several pods sharing a host's network, as process nodes do, never
+collide). Each version rendezvouses under ``PrefixStore("v<N>")``. Joining is
+interruptible: while waiting for peers, a newer published world abandons the
+attempt instead of blocking until the timeout.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from ..log import get_logger
+from .world import World
+
+log = get_logger(__name__)
+
+
+class Superseded(Exception):
+    """A newer world was published while this one was forming or running."""
+
+
+def backend_name() -> str:
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+
+
+def gloo_options_bound_to(ip: str) -> object:
+    """Gloo options whose device listens on ``ip`` (private torch API, wrapped here only).
+
+    Checked by trainer/tests/test_process_group.py on every torch upgrade.
+    """
+    opts = dist.ProcessGroupGloo._Options()
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=ip)]
+    return opts
+
+
+class Rendezvous:
+    def __init__(self, my_ip: str, port: int, timeout_s: float = 60.0, bind_ip: bool = True):
+        self.my_ip, self.port, self.timeout_s, self.bind_ip = my_ip, port, timeout_s, bind_ip
+        self._listen: socket.socket | None = None
+        self._server: dist.TCPStore | None = None
+
+    def _host_store(self) -> dist.TCPStore:
+        if self._server is None:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.my_ip, self.port))
+            sock.listen(256)
+            self._listen = sock
+            self._server = dist.TCPStore(self.my_ip, self.port, is_master=True, master_listen_fd=sock.fileno(),
+                                         wait_for_workers=False,
+                                         timeout=datetime.timedelta(seconds=self.timeout_s))
+            log.info("hosting rendezvous store", extra={"addr": f"{self.my_ip}:{self.port}"})
+        return self._server
+
+    def _connect(self, world: World, is_newer: Callable[[], bool]) -> dist.Store:
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                return dist.TCPStore(world.master_addr, world.master_port, is_master=False,
+                                     timeout=datetime.timedelta(seconds=2))
+            except (RuntimeError, dist.DistError) as e:
+                if is_newer():
+                    raise Superseded() from e
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"cannot reach rendezvous store {world.master_addr}:{world.master_port}") from e
+                time.sleep(0.05)
+
+    def join(self, world: World, rank: int, is_newer: Callable[[], bool]) -> None:
+        """Form the default process group for ``world`` as ``rank``."""
+        base = self._host_store() if rank == 0 else self._connect(world, is_newer)
+        store = dist.PrefixStore(f"v{world.version}", base)
+        # Interruptible arrival barrier, so init_process_group below never waits on a missing peer.
+        store.add("arrived", 1)
+        deadline = time.monotonic() + self.timeout_s
+        while int(store.add("arrived", 0)) < world.size:
+            if is_newer():
+                raise Superseded()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"world {world.version}: only {store.add('arrived', 0)}/{world.size} "
+                                   f"members arrived within {self.timeout_s:.0f}s")
+            time.sleep(0.01)
+        kwargs = {}
+        if self.bind_ip and not torch.cuda.is_available():
+            kwargs["pg_options"] = gloo_options_bound_to(self.my_ip)
+        dist.init_process_group(backend_name(), store=dist.PrefixStore("pg", store), rank=rank,
+                                world_size=world.size, timeout=datetime.timedelta(seconds=self.timeout_s),
+                                **kwargs)
+
+    @staticmethod
+    def leave() -> None:
+        """Destroy the current process group; safe to call when a peer has died."""
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception as e:  # a broken group may refuse a clean shutdown
+                log.warning("destroy_process_group failed", extra={"error": str(e)})
+
+
+def pod_ip() -> str:
+    return os.environ.get("COHORT_POD_IP") or "127.0.0.1"

@@ -1,0 +1,1 @@
+"""Synchronisation algorithms (``spec.sync.algorithm``): how replicas agree on parameters."""

@@ -1,0 +1,86 @@
+"""The Sync interface, and the per-process accounting every algorithm reports to.
+
+A Sync wraps the model for one world (it is rebuilt after every membership
+change) and may act after each optimizer step. Whatever it sends, it records
+in :class:`CommStats`, honestly for the collective used (a ring allreduce of
+n bytes sends 2(P-1)/P * n per rank; an allgather of k bytes sends (P-1) * k).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.distributed as dist
+from torch import nn
+
+
+class CommStats:
+    """Cumulative bytes this process sent, and payload vs dense sizes (compression ratio)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.bytes_sent = 0
+        self.payload_bytes = 0
+        self.dense_bytes = 0
+        self.last_hook_time = 0.0  # when the last gradient bucket was handed to communication
+
+    def record(self, wire_bytes: int, payload_bytes: int, dense_bytes: int) -> None:
+        with self._lock:
+            self.bytes_sent += int(wire_bytes)
+            self.payload_bytes += int(payload_bytes)
+            self.dense_bytes += int(dense_bytes)
+
+    def mark_hook(self) -> None:
+        self.last_hook_time = time.perf_counter()
+
+    @property
+    def compression_ratio(self) -> float:
+        return self.dense_bytes / self.payload_bytes if self.payload_bytes else 1.0
+
+
+def ring_allreduce_bytes(nbytes: int, world_size: int) -> int:
+    """Bytes one rank sends in a ring allreduce (reduce-scatter + allgather)."""
+    return 0 if world_size <= 1 else (2 * (world_size - 1) * nbytes) // world_size
+
+
+def allgather_bytes(nbytes: int, world_size: int) -> int:
+    """Bytes one rank sends in an allgather of ``nbytes`` per rank (ring: (P-1) hops of its payload)."""
+    return (world_size - 1) * nbytes
+
+
+@dataclass
+class SyncContext:
+    """What a Sync needs to know about the world it runs in."""
+
+    rank: int
+    world_size: int
+    spec: Any                      # the job spec (config Section)
+    stats: CommStats
+    group: dist.ProcessGroup | None = None   # None: the default group
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class Sync(ABC):
+    """One synchronisation algorithm, for one world."""
+
+    def __init__(self, ctx: SyncContext):
+        self.ctx = ctx
+
+    @abstractmethod
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """The module the trainer calls forward/backward on."""
+
+    def after_step(self, model: nn.Module, step: int) -> None:  # noqa: B027 - optional hook
+        """Runs after each optimizer step (parameter averaging lives here)."""
+
+    def eval_model(self, model: nn.Module) -> nn.Module:
+        """The model to evaluate (gossip evaluates the replicas' average)."""
+        return model
+
+    def state_dict(self) -> dict[str, Any]:
+        """Per-rank algorithm state worth keeping across world changes (e.g. error feedback)."""
+        return {}

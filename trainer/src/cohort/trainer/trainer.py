@@ -1,0 +1,366 @@
+"""The training loop, with in-process elastic recovery.
+
+Reads top to bottom: wait until the membership authority puts this pod in a
+world, form that world's process group, agree on the state to continue from
+(a live peer's, else the newest checkpoint, else a fresh start), then train
+until the job is done or the world changes. On a change nothing restarts: the
+process group is torn down and the loop goes round again, keeping the model,
+optimizer and data position in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import time
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import log as logmod
+from .checkpoint import Checkpointer
+from .config import JobConfig, map_path
+from .data import ElasticSampler
+from .faults import Faults
+from .metrics import WorkerMetrics
+from .parallel.base import Plan, PlanContext
+from .parallel.registry import PARALLELISMS
+from .runtime.process_group import Rendezvous, Superseded, pod_ip
+from .runtime.world import StaticWorld, World, world_source_from_env
+from .state import TrainState
+from .sync.base import CommStats
+from .workloads import build_workload
+from .workloads.workload import summarize
+
+log = logmod.get_logger(__name__)
+
+
+class WorldChanged(Exception):
+    """A newer world was published between steps."""
+
+
+def build_optimizer(params: Any, opt: Any) -> torch.optim.Optimizer:
+    if opt.name == "adamw":
+        return torch.optim.AdamW(params, lr=opt.lr, weight_decay=opt.weight_decay)
+    return torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay)
+
+
+def lr_at(step: int, dp_size: int, spec: Any) -> float:
+    """Base lr scaled for the data-parallel size (relative to replicas.target), with linear warmup."""
+    opt = spec.workload.optimizer
+    ratio = dp_size / max(spec.replicas.target, 1)
+    scale = {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[opt.lr_scaling]
+    warm = min(1.0, (step + 1) / opt.warmup_steps) if opt.warmup_steps > 0 else 1.0
+    return opt.lr * scale * warm
+
+
+class Trainer:
+    def __init__(self, cfg: JobConfig, env: dict[str, str] | None = None):
+        env = dict(os.environ if env is None else env)
+        self.cfg, self.spec = cfg, cfg.spec
+        self.pod = env.get("COHORT_POD_NAME") or socket.gethostname()
+        self.ip = pod_ip()
+        logmod.context.update(job=cfg.name, pod=self.pod)
+        if "OMP_NUM_THREADS" not in env:
+            torch.set_num_threads(1)  # many small ranks share a node's cores; users raise it via env
+        if self.spec.workload.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+
+        self.metrics = WorkerMetrics()
+        port = int(env.get("COHORT_METRICS_PORT", cfg.metrics_port)) + int(env.get("LOCAL_RANK", "0"))
+        self.http = self.metrics.serve(self.ip, port)
+        self.faults = Faults.from_env(env)
+
+        self.workload = build_workload(self.spec)
+        self.model = self.workload.model
+        self.optimizer = build_optimizer(self.model.parameters(), self.spec.workload.optimizer)
+        data = self.workload.data
+        self.sampler = ElasticSampler(len(data.train_x), self.spec.workload.batch_size, self.spec.workload.seed)
+        self.state = TrainState(self.model, self.optimizer, self.sampler)
+        self.ckpt = Checkpointer(map_path(self.spec.checkpoint.path).rstrip("/") + "/" + cfg.name,
+                                 self.spec.checkpoint.keep, self.spec.checkpoint.async_, self.metrics)
+        self.ckpt.check_writable()
+        self.last_ckpt_time = time.monotonic()
+
+        self.worlds = world_source_from_env(env, cfg.namespace, self.pod)
+        self.static = isinstance(self.worlds, StaticWorld)
+        self.rdzv = Rendezvous(self.ip, cfg.rendezvous_port, timeout_s=float(env.get("COHORT_PG_TIMEOUT_S", "60")))
+        self.stats = CommStats()
+        self.plan: Plan | None = None
+        self.world: World | None = None
+        self.rank = -1
+        self.joined = 0          # worlds this process has trained in
+        self.left_at: float | None = None
+        self.recovery_source = ""
+        self.loss_ema: float | None = None
+        self.sps_ema: float | None = None
+        self.eval_result: dict[str, float] = {}
+        self.t_start = time.monotonic()
+        self.metrics.info.labels(cfg.name, self.spec.parallelism.strategy, self.spec.sync.algorithm,
+                                 self.spec.compression.method, "").set(1)
+
+    # --- the loop ---------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        self.metrics.update_progress(state="waiting")
+        log.info("trainer started", extra={"ip": self.ip, "strategy": self.spec.parallelism.strategy})
+        while True:
+            world = self._await_membership()
+            try:
+                self._enter(world)
+                self._train(world)
+                break
+            except (Superseded, WorldChanged) as e:
+                log.info("world changed", extra={"from_version": world.version, "reason": type(e).__name__})
+            except RuntimeError as e:  # a collective failed: a peer died or left
+                if self.static or not self._newer_world_arrives(world, e):
+                    raise
+            self._leave()
+        return self._finish()
+
+    def _await_membership(self) -> World:
+        seen = self.world.version if self.world else 0
+        while True:
+            latest = self.worlds.latest
+            if latest is not None and latest.version > seen and latest.rank_of(self.pod) is not None:
+                return latest
+            self.metrics.update_progress(state="waiting")
+            self.metrics.rank.set(-1)
+            if latest is not None:
+                seen = max(seen, latest.version)
+            self.worlds.wait_newer(seen, timeout_s=5.0)
+
+    def _newer_world_arrives(self, world: World, error: Exception) -> bool:
+        log.warning("collective failed; waiting for the next world",
+                    extra={"version": world.version, "error": str(error).splitlines()[0][:300]})
+        timeout = float(os.environ.get("COHORT_RECOVERY_WAIT_S", "120"))
+        return self.worlds.wait_newer(world.version, timeout_s=timeout) is not None
+
+    def _enter(self, world: World) -> None:
+        rank = world.rank_of(self.pod)
+        assert rank is not None
+        self.world, self.rank = world, rank
+        logmod.context.update(rank=rank, world_version=world.version)
+        self.metrics.update_progress(state="recovering" if self.joined else "joining")
+        if self.static:
+            dist.init_process_group("gloo") if not dist.is_initialized() else None
+        else:
+            self.rdzv.join(world, rank, is_newer=lambda: self._latest_version() > world.version)
+        self.plan = PARALLELISMS[self.spec.parallelism.strategy](
+            PlanContext(self.spec, rank, world.size, self.stats))
+        self._agree_on_state()
+        self.plan.apply(self.model)
+        self.metrics.world_size.set(world.size)
+        self.metrics.world_version.set(world.version)
+        self.metrics.rank.set(rank)
+        self.metrics.info.clear()
+        self.metrics.info.labels(self.cfg.name, self.spec.parallelism.strategy, self.spec.sync.algorithm,
+                                 self.spec.compression.method, self.plan.describe()).set(1)
+        self.joined += 1
+        log.info("joined world", extra={"size": world.size, "step": self.state.step, "plan": self.plan.describe(),
+                                        "source": self.recovery_source})
+
+    def _agree_on_state(self) -> None:
+        """Continue from the highest step any member holds; else the newest checkpoint; else step 0."""
+        mine = self.state.step if self.state.has_state else -1
+        steps: list[int] = [mine]
+        if dist.get_world_size() > 1:
+            steps = [0] * dist.get_world_size()
+            dist.all_gather_object(steps, mine)
+        best = max(steps)
+        if best >= 0:
+            self.recovery_source = "peer"
+            if any(s != best for s in steps):
+                leader = steps.index(best)
+                nbytes = self.state.broadcast(leader, self.rank)
+                log.info("state handed over by a live peer", extra={"leader": leader, "step": best, "bytes": nbytes})
+            return
+        ref = self.ckpt.latest()
+        if ref is not None:
+            state = self.state.checkpoint_state()
+            self.ckpt.load(ref.step, state)
+            self.state.after_checkpoint_load(state)
+            self.recovery_source = "checkpoint"
+            log.info("resumed from checkpoint", extra={"step": ref.step, "location": ref.location})
+        else:
+            self.state.has_state = True  # every rank built the same seeded model
+            self.recovery_source = "fresh"
+        if dist.get_world_size() > 1 and ref is None:
+            self.state.broadcast(0, self.rank)  # belt and braces: identical start everywhere
+
+    def _leave(self) -> None:
+        self.left_at = time.perf_counter()
+        self.plan = None
+        self.metrics.update_progress(state="recovering")
+        if not self.static:
+            Rendezvous.leave()
+
+    def _latest_version(self) -> int:
+        latest = self.worlds.latest
+        return latest.version if latest else 0
+
+    def _done(self) -> bool:
+        w = self.spec.workload
+        if w.max_steps > 0 and self.state.step >= w.max_steps:
+            return True
+        return w.epochs > 0 and self.sampler.epoch >= w.epochs and w.max_steps <= 0
+
+    def _train(self, world: World) -> None:
+        assert self.plan is not None
+        size = self.plan.dp_size
+        self.metrics.update_progress(state="training", worldVersion=world.version, rank=self.rank)
+        while not self._done():
+            if not self.static and self._latest_version() != world.version:
+                raise WorldChanged()
+            if self.sampler.epoch_done(size):
+                self._end_epoch()
+                continue
+            self._step(size)
+            self._maybe_checkpoint()
+
+    def _step(self, size: int) -> None:
+        assert self.plan is not None
+        data, step = self.workload.data, self.state.step
+        self.faults.before_step(self.rank, step, first_world=self.joined == 1)
+        t0 = time.perf_counter()
+        hook_mark = self.stats.last_hook_time
+        idx = self.sampler.indices(self.plan.dp_rank, size)
+        x, y = data.train_x[idx], data.train_y[idx]
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(step, size, self.spec)
+        self.optimizer.zero_grad(set_to_none=True)
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16) if self.spec.workload.precision == "bf16" \
+            else nullcontext()
+        with autocast:
+            loss = self.plan.forward_backward(x, y, self.workload.loss_fn)
+        t_bwd = time.perf_counter()
+        exposed = t_bwd - self.stats.last_hook_time if self.stats.last_hook_time > hook_mark else 0.0
+        compute = (t_bwd - t0) - exposed
+        compute += self.faults.delay(compute)
+        self.optimizer.step()
+        t_opt = time.perf_counter()
+        self.plan.after_step(step + 1)
+        t_end = time.perf_counter()
+        comm = exposed + (t_end - t_opt)
+        compute += t_opt - t_bwd
+        self.sampler.advance(size)
+        self.state.step = step + 1
+        self.state.has_state = True
+        self._record_step(t_end - t0, compute, comm, float(loss), size)
+
+    def _record_step(self, wall: float, compute: float, comm: float, loss: float, size: int) -> None:
+        m = self.metrics
+        m.step.set(self.state.step)
+        m.epoch.set(self.sampler.epoch)
+        m.steps.inc()
+        m.step_seconds.observe(wall)
+        m.compute_seconds.observe(max(compute, 0.0))
+        m.comm_seconds.observe(max(comm, 0.0))
+        sps = self.sampler.global_batch(size) / max(wall, 1e-9)
+        self.sps_ema = sps if self.sps_ema is None else 0.9 * self.sps_ema + 0.1 * sps
+        self.loss_ema = loss if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * loss
+        m.samples_per_second.set(self.sps_ema)
+        m.loss.set(loss)
+        m.bytes_sent.inc(self.stats.bytes_sent - getattr(self, "_bytes_reported", 0))
+        self._bytes_reported = self.stats.bytes_sent
+        m.compression_ratio.set(self.stats.compression_ratio)
+        if self.left_at is not None:  # first step of a new world completes a recovery
+            m.recovery_seconds.observe(time.perf_counter() - self.left_at)
+            m.recoveries.labels("checkpoint" if self.recovery_source == "checkpoint" else "peer").inc()
+            log.info("recovered", extra={"seconds": round(time.perf_counter() - self.left_at, 4),
+                                         "step": self.state.step, "source": self.recovery_source})
+            self.left_at = None
+        self._publish_progress()
+
+    def _publish_progress(self) -> None:
+        last = self.ckpt.last
+        self.metrics.update_progress(
+            state="training", step=self.state.step, epoch=self.sampler.epoch, loss=self.loss_ema,
+            samplesPerSecond=self.sps_ema, plan=self.plan.describe() if self.plan else "",
+            worldVersion=self.world.version if self.world else 0, worldSize=self.world.size if self.world else 0,
+            accuracy=self.eval_result.get("accuracy"), perplexity=self.eval_result.get("perplexity"),
+            lastCheckpoint={"step": last.step, "location": last.location, "time": last.time} if last else None,
+            stepsTotal=self._total_steps())
+
+    def _total_steps(self) -> int | None:
+        w = self.spec.workload
+        if w.max_steps > 0:
+            return w.max_steps
+        if not self.plan:
+            return None
+        per_epoch = self.sampler.num_samples // self.sampler.global_batch(self.plan.dp_size)
+        return self.state.step + self.sampler.steps_left_in_epoch(self.plan.dp_size) + \
+            per_epoch * max(0, w.epochs - self.sampler.epoch - 1)
+
+    def _end_epoch(self) -> None:
+        self.sampler.next_epoch()
+        every = self.spec.workload.eval_every_epochs
+        if every and self.sampler.epoch % every == 0 and self.sampler.epoch < self.spec.workload.epochs:
+            self.evaluate()
+
+    def evaluate(self) -> dict[str, float]:
+        """Collective evaluation: each rank scores its shard of the eval set; sums are all-reduced."""
+        assert self.plan is not None
+        data = self.workload.data
+        module = self.plan.eval_module()
+        was_training = module.training
+        module.eval()
+        shard = torch.arange(self.plan.dp_rank, len(data.eval_x), self.plan.dp_size)
+        sums: dict[str, float] = {}
+        with torch.no_grad():
+            for start in range(0, len(shard), 256):
+                idx = shard[start:start + 256]
+                for k, v in self.workload.batch_metrics(module(data.eval_x[idx]), data.eval_y[idx]).items():
+                    sums[k] = sums.get(k, 0.0) + v
+        module.train(was_training)
+        keys = sorted(sums) or ["count"]
+        vec = torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(vec)
+        self.eval_result = summarize(self.workload.task, dict(zip(keys, vec.tolist(), strict=True)))
+        if "accuracy" in self.eval_result:
+            self.metrics.accuracy.set(self.eval_result["accuracy"])
+        if "perplexity" in self.eval_result:
+            self.metrics.perplexity.set(self.eval_result["perplexity"])
+        log.info("evaluated", extra={"step": self.state.step, "epoch": self.sampler.epoch, **self.eval_result})
+        return self.eval_result
+
+    def _maybe_checkpoint(self, force: bool = False) -> None:
+        c = self.spec.checkpoint
+        due = (c.every_steps > 0 and self.state.step % c.every_steps == 0) or \
+            (c.every_seconds > 0 and time.monotonic() - self.last_ckpt_time >= c.every_seconds)
+        if not (due or force) or self.plan is None:
+            return
+        self.last_ckpt_time = time.monotonic()
+        if self.plan.replicated and self.rank != 0:
+            return
+        meta = {"worldSize": self.world.size if self.world else 1, "plan": self.plan.describe()}
+        self.ckpt.save(self.state.step, self.state.checkpoint_state(), meta, coordinator=self.rank == 0,
+                       sharded=not self.plan.replicated)
+
+    def _finish(self) -> dict[str, Any]:
+        self.evaluate()
+        self.ckpt.wait()
+        summary = {"step": self.state.step, "epoch": self.sampler.epoch, "loss": self.loss_ema,
+                   **self.eval_result, "samplesPerSecond": self.sps_ema,
+                   "worldVersion": self.world.version if self.world else 0, "checkpoints": self.ckpt.committed,
+                   "seconds": round(time.monotonic() - self.t_start, 3), "rank": self.rank,
+                   "plan": self.plan.describe() if self.plan else ""}
+        self.metrics.update_progress(state="done", **{k: v for k, v in summary.items() if k != "seconds"})
+        log.info("training complete", extra=summary)
+        _write_termination_message(summary)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        return summary
+
+
+def _write_termination_message(summary: dict[str, Any]) -> None:
+    path = map_path(os.environ.get("COHORT_TERMINATION_LOG", "/dev/termination-log"))
+    try:
+        with open(path, "w") as f:
+            f.write(json.dumps(summary))
+    except OSError:
+        pass  # not in a pod (or not writable): the summary is in the logs too

@@ -1,0 +1,70 @@
+"""Built-in datasets, keyed by the CRD's ``workload.dataset`` strings.
+
+All are small, in memory and reproducible: scikit-learn's bundled digits with
+a fixed train/test split, and two generated ones whose seed is part of their
+arguments. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .models import DataInfo
+
+SPLIT_SEED = 1234  # the digits split never changes with the workload seed
+
+
+@dataclass
+class Data:
+    """Train and eval tensors plus what the model needs to know."""
+
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    eval_x: torch.Tensor
+    eval_y: torch.Tensor
+    info: DataInfo
+    task: str  # "classification" or "lm"
+
+
+def digits(test_fraction: float = 0.2) -> Data:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.tensor(d.data, dtype=torch.float32).view(-1, 1, 8, 8) / 16.0
+    y = torch.tensor(d.target, dtype=torch.long)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(SPLIT_SEED))
+    n_test = int(round(len(y) * test_fraction))
+    test, train = perm[:n_test], perm[n_test:]
+    return Data(x[train], y[train], x[test], y[test], DataInfo((1, 8, 8), num_classes=10), "classification")
+
+
+def synthetic_classification(samples: int = 4096, features: int = 32, classes: int = 4,
+                             noise: float = 1.0, seed: int = 0, test_fraction: float = 0.2) -> Data:
+    g = torch.Generator().manual_seed(seed)
+    centers = torch.randn(classes, features, generator=g) * 2.0
+    y = torch.randint(0, classes, (samples,), generator=g)
+    x = centers[y] + noise * torch.randn(samples, features, generator=g)
+    n_test = int(samples * test_fraction)
+    return Data(x[n_test:], y[n_test:], x[:n_test], y[:n_test], DataInfo((features,), num_classes=classes),
+                "classification")
+
+
+def synthetic_lm(sequences: int = 2048, seq_len: int = 32, vocab: int = 64, branching: int = 4,
+                 seed: int = 0, test_fraction: float = 0.1) -> Data:
+    """Token sequences from a sparse random Markov chain: learnable, with a known entropy floor."""
+    g = torch.Generator().manual_seed(seed)
+    successors = torch.stack([torch.randperm(vocab, generator=g)[:branching] for _ in range(vocab)])
+    tokens = torch.empty(sequences, seq_len + 1, dtype=torch.long)
+    tokens[:, 0] = torch.randint(0, vocab, (sequences,), generator=g)
+    for t in range(seq_len):
+        choice = torch.randint(0, branching, (sequences,), generator=g)
+        tokens[:, t + 1] = successors[tokens[:, t], choice]
+    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    n_test = int(sequences * test_fraction)
+    return Data(x[n_test:], y[n_test:], x[:n_test], y[:n_test],
+                DataInfo((seq_len,), vocab_size=vocab, seq_len=seq_len), "lm")
+
+
+DATASETS = {"digits": digits, "synthetic-classification": synthetic_classification, "synthetic-lm": synthetic_lm}
