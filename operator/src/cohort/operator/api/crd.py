@@ -9,11 +9,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from .models import GROUP, KIND, PLURAL, VERSION, TrainingJobSpec, TrainingJobStatus
+from .models import (
+    GROUP,
+    JOB_NAME_MAX,
+    JOB_NAME_PATTERN,
+    KIND,
+    PLURAL,
+    VERSION,
+    TrainingJobSpec,
+    TrainingJobStatus,
+)
 from .schema import openapi_schema, to_dict
 
 SHORT_NAMES = ["tj"]
 CATEGORIES = ["all", "cohort"]
+
+# The root may read metadata.name in CEL; nothing else can check it at admission.
+NAME_RULE = {
+    "rule": f"self.metadata.name.matches('{JOB_NAME_PATTERN}') && size(self.metadata.name) <= {JOB_NAME_MAX}",
+    "message": f"metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting with a letter) "
+               f"of at most {JOB_NAME_MAX} characters: it names the job's Service and worker pods",
+}
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
@@ -60,6 +76,7 @@ def build_crd() -> dict[str, Any]:
                 "schema": {"openAPIV3Schema": {
                     "type": "object",
                     "description": "TrainingJob runs elastic, fault-tolerant distributed PyTorch training.",
+                    "x-kubernetes-validations": [NAME_RULE],
                     "properties": {
                         "apiVersion": {"type": "string"},
                         "kind": {"type": "string"},

@@ -16,6 +16,11 @@ VERSION = "v1alpha1"
 KIND = "TrainingJob"
 PLURAL = "trainingjobs"
 
+# A job's name prefixes its Service (a DNS-1035 label) and its pods
+# (``<job>-worker-<n>``, which must stay a valid hostname, <= 63 characters).
+JOB_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+JOB_NAME_MAX = 40
+
 BUILTIN_MODELS = ("mlp", "convnet", "transformer")
 BUILTIN_DATASETS = ("digits", "synthetic-classification", "synthetic-lm")
 # A user entry point: an importable module path and a function name.
@@ -279,6 +284,8 @@ class WorldStatus:
 
     version: int = field(0, doc="Increases on every membership change.")
     size: int = field(0, doc="Ranks in the current world.")
+    members: list[str] = field([], doc="Member pods in rank order (the full world is in the <job>-world ConfigMap).")
+    reason: str = field("", doc="Why the current version was published.")
 
 
 @dataclass
@@ -325,5 +332,12 @@ class TrainingJobStatus:
     last_checkpoint: CheckpointStatus = field(CheckpointStatus, doc="Newest committed checkpoint.")
     restarts: int = field(0, doc="Workers replaced after failures.")
     replacements: Replacements = field(Replacements, doc="Replacements by reason.")
-    start_time: str = field("", doc="When the job first had min workers running (RFC 3339).")
+    start_time: str = field("", doc="When the operator started the job (reset on resume); "
+                                    "activeDeadlineSeconds counts from here (RFC 3339).")
     completion_time: str = field("", doc="When the job finished (RFC 3339).")
+    pod_index: int = field(0, doc="Ordinal of the next worker pod. Persisted before a pod is created, "
+                                  "so a restarted operator never reuses a name.")
+    retiring: list[str] = field([], doc="Worker pods already counted as failed or replaced, until they are gone "
+                                        "(so a restarted operator never counts one twice).")
+    backoff_until: str = field("", doc="No failed worker is replaced before this time (RFC 3339).")
+    below_min_since: str = field("", doc="Since when fewer than replicas.min workers are Ready (RFC 3339).")

@@ -1,0 +1,70 @@
+"""Kubernetes Events about TrainingJobs: what ``kubectl describe tj/NAME`` shows.
+
+Every action the operator takes is announced here. An Event repeated within
+:data:`AGGREGATE_S` bumps the count of the first one instead of adding a new
+object, as the kubelet's recorder does. Posting is best effort: a failure is
+logged and counted, never allowed to fail a reconcile.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from typing import Any
+
+from .kubeapi import ApiError, Kube
+from .lifecycle import fmt_time
+from .manifests import EVENT
+from .metrics import OperatorMetrics
+from .naming import MANAGER
+
+log = logging.getLogger(__name__)
+AGGREGATE_S = 600.0
+MAX_MESSAGE = 1024
+
+
+class EventRecorder:
+    def __init__(self, kube: Kube, metrics: OperatorMetrics, identity: str):
+        self.kube = kube
+        self.metrics = metrics
+        self.identity = identity
+        self._seen: dict[tuple[str, str, str, str], tuple[str, int, float]] = {}
+
+    async def post(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        meta = obj["metadata"]
+        ns, uid = meta["namespace"], meta.get("uid", "")
+        message = message[:MAX_MESSAGE]
+        now = fmt_time(dt.datetime.now(dt.timezone.utc))
+        key = (uid, type_, reason, message)
+        seen = self._seen.get(key)
+        try:
+            if seen and time.monotonic() - seen[2] < AGGREGATE_S:
+                name, count, _ = seen
+                await self.kube.patch(EVENT.path(ns, name), {"count": count + 1, "lastTimestamp": now})
+                self._seen[key] = (name, count + 1, time.monotonic())
+                return
+            body = {
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"generateName": f"{meta['name']}.", "namespace": ns},
+                "involvedObject": {"apiVersion": obj.get("apiVersion", ""), "kind": obj.get("kind", ""),
+                                   "name": meta["name"], "namespace": ns, "uid": uid,
+                                   "resourceVersion": meta.get("resourceVersion", "")},
+                "type": type_, "reason": reason, "message": message,
+                "source": {"component": MANAGER},
+                "reportingComponent": MANAGER, "reportingInstance": self.identity[:128],
+                "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            }
+            created = await self.kube.create(EVENT.path(ns), body)
+            self._seen[key] = (created["metadata"]["name"], 1, time.monotonic())
+            if len(self._seen) > 10000:
+                self._prune()
+        except (ApiError, OSError, TimeoutError) as e:
+            if seen:
+                self._seen.pop(key, None)  # the aggregated Event may be gone: start a new one next time
+            self.metrics.errors.labels(where="events").inc()
+            log.warning("could not post Event %s for %s/%s: %s", reason, ns, meta["name"], e)
+
+    def _prune(self) -> None:
+        cutoff = time.monotonic() - AGGREGATE_S
+        self._seen = {k: v for k, v in self._seen.items() if v[2] >= cutoff}

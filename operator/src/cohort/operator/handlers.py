@@ -1,0 +1,86 @@
+"""The kopf handlers: thin, they only turn watch events into work for the reconciler.
+
+- a TrainingJob event stores the newest object and enqueues the job (unless
+  only its status changed: that is the operator's own write coming back);
+- an event on a pod labelled ``cohort.dev/job`` enqueues that job;
+- the deletion of an object the job owns (ConfigMap, Service, RBAC, PDB)
+  enqueues the job, which recreates it.
+
+Only ``on.event`` handlers are used: they keep no progress annotations and
+need no finalizers, so deleting a job (or a namespace) never waits for the
+operator. Registration happens in :func:`build_registry`, not at import.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from .api.models import GROUP, PLURAL, VERSION
+from .jobstate import fingerprint
+from .naming import LABEL_JOB
+from .reconciler import Reconciler
+
+# Owned kinds whose deletion must be repaired: (group, version, plural, kind).
+OWNED_KINDS = (
+    ("", "v1", "configmaps", "ConfigMap"),
+    ("", "v1", "services", "Service"),
+    ("", "v1", "serviceaccounts", "ServiceAccount"),
+    ("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
+    ("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget"),
+)
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """Watch only what carries the job label, filtered by the API server."""
+    settings.peering.standalone = True  # leader election is ours (see leader.py)
+    settings.posting.enabled = False  # the operator posts its own Events
+    settings.watching.label_selectors[("v1", "pods")] = LABEL_JOB
+    for group, version, plural, _kind in OWNED_KINDS:
+        key = ("v1", plural) if not group else (group, version, plural)
+        settings.watching.label_selectors[key] = LABEL_JOB
+
+
+def build_registry(rec: Reconciler) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> Any:
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    def job_event(*, type: str, event: kopf.RawEvent, namespace: str | None, name: str, **_: Any) -> None:
+        key = (namespace or "", name)
+        if type == "DELETED":
+            rec.job_deleted(key)
+            return
+        raw: Any = event.get("object") or {}
+        mem = rec.memory(key)
+        mem.body = copy.deepcopy(dict(raw))
+        fp = fingerprint(mem.body)
+        if fp != mem.fingerprint or type is None:
+            mem.fingerprint = fp
+            rec.queue.add(key)
+
+    @kopf.on.event("v1", "pods", registry=registry)
+    def pod_event(*, namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+        job = labels.get(LABEL_JOB)
+        if job:
+            rec.queue.add((namespace or "", job))
+
+    for group, version, plural, kind in OWNED_KINDS:
+        args = ("v1", plural) if not group else (group, version, plural)
+
+        def owned_event(*, type: str, namespace: str | None, name: str, labels: Mapping[str, str],
+                        _kind: str = kind, **_: Any) -> None:
+            job = labels.get(LABEL_JOB)
+            if job and type == "DELETED":
+                rec.object_deleted((namespace or "", job), _kind, name)
+
+        kopf.on.event(*args, id=f"owned-{plural}", registry=registry)(owned_event)
+
+    return registry

@@ -1,0 +1,130 @@
+"""Lifecycle rules of a TrainingJob: phases, conditions, timers and backoff.
+
+Pure functions used by the planner. The phases (``models.PHASES``):
+
+- ``Pending``: started (or resumed), fewer than ``replicas.min`` workers Ready;
+- ``Running``: a world of at least ``replicas.min`` workers trains;
+- ``Recovering``: a member was lost (failed, deleted, not Ready); lasts until the
+  world is back at its target size, or fails the job if it stays below min for
+  ``belowMinTimeoutSeconds``;
+- ``Suspended``: ``runPolicy.suspend`` is true; no pods, status kept;
+- ``Succeeded`` / ``Failed``: final.
+
+Conditions follow the Kubernetes conventions: one entry per type, a
+``lastTransitionTime`` that moves only when the status flips, and the
+``observedGeneration`` they were computed from.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from .api.models import Condition
+
+FINAL_PHASES = ("Succeeded", "Failed")
+ACTIVE_PHASES = ("Running", "Recovering")
+CONDITION_TYPES = ("Ready", "Running", "Suspended", "Succeeded", "Failed")
+
+
+# --- time -----------------------------------------------------------------
+
+def fmt_time(t: dt.datetime) -> str:
+    """RFC 3339 in UTC with second precision, as Kubernetes writes it."""
+    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(s: str | None) -> dt.datetime | None:
+    if not s:
+        return None
+    try:
+        return dt.datetime.fromisoformat(s.replace("Z", "+00:00")).astimezone(dt.timezone.utc)
+    except ValueError:
+        return None
+
+
+def seconds_until(when: dt.datetime | None, now: dt.datetime) -> float:
+    return 0.0 if when is None else (when - now).total_seconds()
+
+
+# --- backoff ----------------------------------------------------------------
+
+def backoff_seconds(failures: int, base_s: int, cap_s: int) -> float:
+    """Delay before replacing the ``failures``-th failed worker: base, 2 x base, 4 x base... capped."""
+    if failures <= 0 or base_s <= 0:
+        return 0.0
+    # Bound the exponent: 2**64 x base is far past any cap and stays a float.
+    return float(min(base_s * 2.0 ** min(failures - 1, 64), max(cap_s, 0)))
+
+
+# --- phase ------------------------------------------------------------------
+
+def next_phase(prev: str, *, world_size: int, minimum: int, target: int, lost_member: bool) -> str:
+    """The phase of a started, unsuspended, unfinished job after this reconcile."""
+    was_active = prev in ACTIVE_PHASES
+    if world_size >= max(minimum, 1):
+        if was_active and (lost_member or (prev == "Recovering" and world_size < target)):
+            return "Recovering"
+        return "Running"
+    return "Recovering" if was_active else "Pending"
+
+
+def effective_target(target: int, unit: int) -> int:
+    """The largest world ``target`` allows: a multiple of the model-parallel unit."""
+    unit = max(unit, 1)
+    return (target // unit) * unit
+
+
+# --- conditions -------------------------------------------------------------
+
+def set_condition(conditions: list[Condition], type_: str, status: bool, reason: str, message: str,
+                  *, generation: int, now: dt.datetime) -> list[Condition]:
+    """The list with ``type_`` set; its lastTransitionTime moves only when its status changes."""
+    value = "True" if status else "False"
+    out: list[Condition] = []
+    found = False
+    for c in conditions:
+        if c.type != type_:
+            out.append(c)
+            continue
+        found = True
+        changed = c.status != value
+        out.append(Condition(type=type_, status=value, reason=reason, message=message,  # type: ignore[arg-type]
+                             last_transition_time=fmt_time(now) if changed or not c.last_transition_time
+                             else c.last_transition_time,
+                             observed_generation=generation))
+    if not found:
+        out.append(Condition(type=type_, status=value, reason=reason, message=message,  # type: ignore[arg-type]
+                             last_transition_time=fmt_time(now), observed_generation=generation))
+    return out
+
+
+def get_condition(conditions: list[Condition], type_: str) -> Condition | None:
+    return next((c for c in conditions if c.type == type_), None)
+
+
+def phase_conditions(conditions: list[Condition], *, phase: str, world_size: int, target: int, minimum: int,
+                     final_reason: str, final_message: str, generation: int,
+                     now: dt.datetime) -> list[Condition]:
+    """Ready, Running, Suspended, Succeeded and Failed for ``phase``."""
+    def put(type_: str, status: bool, reason: str, message: str) -> None:
+        nonlocal conditions
+        conditions = set_condition(conditions, type_, status, reason, message, generation=generation, now=now)
+
+    training = phase in ACTIVE_PHASES and world_size >= max(minimum, 1)
+    full = training and world_size >= target
+    put("Ready", full, "AllWorkersReady" if full else "WorkersNotReady",
+        f"{world_size}/{target} workers in the world")
+    if training:
+        put("Running", True, "Training", f"training with a world of {world_size} workers")
+    elif phase in FINAL_PHASES or phase == "Suspended":
+        put("Running", False, phase, f"job is {phase}")
+    else:
+        put("Running", False, "WaitingForWorkers",
+            f"waiting for at least replicas.min={minimum} Ready workers ({world_size} in the world)")
+    put("Suspended", phase == "Suspended", "Suspended" if phase == "Suspended" else "NotSuspended",
+        "runPolicy.suspend is true: workers deleted" if phase == "Suspended" else "")
+    put("Succeeded", phase == "Succeeded", final_reason if phase == "Succeeded" else "NotSucceeded",
+        final_message if phase == "Succeeded" else "")
+    put("Failed", phase == "Failed", final_reason if phase == "Failed" else "NotFailed",
+        final_message if phase == "Failed" else "")
+    return conditions

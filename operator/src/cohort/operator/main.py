@@ -1,0 +1,106 @@
+"""The ``cohort-operator`` entry point: settings, metrics, health, leader election, kopf.
+
+Start-up order: serve /metrics and /healthz, wait for the Lease (unless
+``--standalone``), then run kopf (the watches) together with the reconcile
+workers, the periodic resync and the prober. Losing the Lease stops
+everything and exits non-zero, so the pod restarts as a standby.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import Sequence
+
+import kopf
+
+from .events import EventRecorder
+from .handlers import build_registry, configure
+from .health import Health
+from .kubeapi import Kube
+from .leader import LeaderElector
+from .metrics import OperatorMetrics
+from .prober import Prober
+from .reconciler import Reconciler
+from .settings import Settings, load_settings
+
+log = logging.getLogger("cohort.operator")
+EXIT_LOST_LEASE = 3
+
+
+async def run(settings: Settings) -> int:
+    metrics = OperatorMetrics()
+    metrics.serve(settings.metrics_port)
+    health = Health()
+    runner = await health.serve(settings.health_port)
+    kube = Kube.from_environment(concurrency=settings.api_concurrency)
+    try:
+        elector = None
+        if not settings.standalone:
+            elector = LeaderElector(kube, settings.lease_namespace, settings.lease_name, settings.identity,
+                                    settings.lease_s)
+            health.role = "standby"
+            await elector.acquire()
+        health.role = "leader"
+        return await _lead(settings, kube, metrics, elector)
+    finally:
+        await kube.close()
+        await runner.cleanup()
+
+
+async def _lead(settings: Settings, kube: Kube, metrics: OperatorMetrics, elector: LeaderElector | None) -> int:
+    recorder = EventRecorder(kube, metrics, settings.identity)
+    rec = Reconciler(kube, settings, metrics, recorder)
+    prober = Prober(rec)
+    kopf_settings = kopf.OperatorSettings()
+    configure(kopf_settings)
+    stop = asyncio.Event()
+    operator = asyncio.create_task(kopf.operator(
+        registry=build_registry(rec), settings=kopf_settings, stop_flag=stop,
+        clusterwide=settings.clusterwide, namespaces=list(settings.namespaces)), name="kopf")
+    workers = [asyncio.create_task(c, name=n) for c, n in (
+        (rec.run(), "reconcile"), (rec.resync_forever(), "resync"), (prober.run(), "prober"))]
+    watched = [operator, *workers]
+    if elector is not None:
+        watched.append(asyncio.create_task(elector.hold(), name="lease"))
+    code = 0
+    try:
+        done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
+        finished = done.pop()
+        if finished.get_name() == "lease":
+            log.error("leadership lost: stopping")
+            code = EXIT_LOST_LEASE
+        elif finished is not operator:
+            log.error("task %s ended unexpectedly: %r", finished.get_name(), finished.exception())
+            code = 1
+    finally:
+        stop.set()
+        for t in watched:
+            if t is not operator:
+                t.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(operator, timeout=10)
+        await prober.close()
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = load_settings(argv)
+    except ValueError as e:
+        print(f"cohort-operator: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kopf").setLevel(max(logging.WARNING, logging.getLogger().level))
+    log.info("starting: %s", settings)
+    try:
+        return asyncio.run(run(settings))
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""What the operator sees of a worker pod: a small, typed view of the Pod dict.
+
+The planner reasons about ``PodView``s only, so the rules for "Ready",
+"failed" and "succeeded" live here, once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from .naming import ANNOTATION_REPLACES, controller_uid, pod_index
+from .pods import CONTAINER
+
+
+@dataclasses.dataclass(frozen=True)
+class PodView:
+    name: str
+    uid: str = ""
+    index: int = -1
+    ip: str = ""
+    node: str = ""
+    phase: str = "Pending"
+    ready: bool = False
+    terminating: bool = False
+    failed: bool = False
+    succeeded: bool = False
+    owned: bool = True
+    exit_code: int | None = None
+    reason: str = ""
+    message: str = ""  # the trainer's termination message (JSON by contract)
+    replaces: str = ""
+
+    @property
+    def active(self) -> bool:
+        """Counts toward the job's pods: not going away and not finished."""
+        return not (self.terminating or self.failed or self.succeeded)
+
+    @property
+    def admissible(self) -> bool:
+        """May be a member or a spare."""
+        return self.active and self.ready
+
+    def describe_exit(self) -> str:
+        parts = []
+        if self.exit_code is not None:
+            parts.append(f"exit code {self.exit_code}")
+        if self.reason:
+            parts.append(self.reason)
+        return ", ".join(parts) or f"phase {self.phase}"
+
+    def termination_summary(self) -> dict[str, Any]:
+        """The JSON summary the trainer wrote on exit (docs/contracts.md §5), or {}."""
+        try:
+            data = json.loads(self.message) if self.message else {}
+        except ValueError:
+            return {}
+        return data if isinstance(data, dict) else {}
+
+
+def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    for cs in statuses:
+        if cs.get("name") == CONTAINER or len(statuses) == 1:
+            term = (cs.get("state") or {}).get("terminated")
+            if term:
+                return dict(term)
+    return None
+
+
+def view_pod(pod: dict[str, Any], job_uid: str) -> PodView:
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    phase = status.get("phase") or "Pending"
+    terminating = bool(meta.get("deletionTimestamp"))
+    term = _terminated(pod)
+    exit_code = int(term["exitCode"]) if term and term.get("exitCode") is not None else None
+    failed = phase == "Failed" or (exit_code is not None and exit_code != 0)
+    succeeded = not failed and (phase == "Succeeded" or exit_code == 0)
+    ready = (phase == "Running" and not terminating and not failed and not succeeded and any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []))
+    name = str(meta.get("name", ""))
+    return PodView(
+        name=name,
+        uid=str(meta.get("uid", "")),
+        index=pod_index(name),
+        ip=str(status.get("podIP") or ""),
+        node=str((pod.get("spec") or {}).get("nodeName") or ""),
+        phase=phase,
+        ready=ready,
+        terminating=terminating,
+        failed=failed,
+        succeeded=succeeded,
+        owned=bool(job_uid) and controller_uid(pod) == job_uid,
+        exit_code=exit_code,
+        reason=str((term or {}).get("reason") or status.get("reason") or ""),
+        message=str((term or {}).get("message") or ""),
+        replaces=str((meta.get("annotations") or {}).get(ANNOTATION_REPLACES, "")),
+    )
+
+
+def view_pods(pods: Iterable[dict[str, Any]], job_uid: str) -> list[PodView]:
+    """Views sorted by ordinal (oldest first)."""
+    return sorted((view_pod(p, job_uid) for p in pods), key=lambda v: (v.index, v.name))

@@ -1,0 +1,446 @@
+"""One reconcile's decisions for one job, as a pure function: observations in, a Plan out.
+
+``plan_job`` is the whole lifecycle of issue 3 §4 and the operator's side of
+membership (docs/contracts.md §3) in one readable pass, in this order:
+
+1. extra pods (the job's labels, not its owner reference) are deleted;
+2. finished jobs only clean up (and honour ``ttlSecondsAfterFinished``);
+3. suspended jobs delete their pods and publish an empty world;
+4. ``activeDeadlineSeconds``;
+5. failed workers are counted once (``status.retiring``), deleted, and leave
+   the world; past ``maxRestarts`` the job fails;
+6. ``successPolicy``: the current rank 0 (or every member) exited 0;
+7. stragglers: a replacement avoiding the slow pod's node is started, and
+   swapped in once Ready;
+8. the next world is published at once (no backoff on membership);
+9. surplus pods are deleted (never members; newest first), missing ones are
+   created, failure replacements only after the exponential backoff;
+10. phase, belowMin timeout, conditions and counters.
+
+The reconciler executes the Plan in a crash-safe order: world, status (which
+persists ``podIndex`` before any pod with that index exists), deletions,
+creations, Events.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime as dt
+from typing import Any, cast
+
+from .api.models import Phase, TrainingJobSpec, TrainingJobStatus
+from .lifecycle import (
+    ACTIVE_PHASES,
+    FINAL_PHASES,
+    backoff_seconds,
+    effective_target,
+    fmt_time,
+    next_phase,
+    parse_time,
+    phase_conditions,
+    seconds_until,
+)
+from .naming import selector_string
+from .observe import PodView
+from .stragglers import Straggler
+from .world import Member, World, next_world
+
+
+@dataclasses.dataclass(frozen=True)
+class PodRequest:
+    """A worker pod to create: its ordinal, and for a straggler's replacement what it replaces."""
+
+    index: int
+    replaces: str = ""
+    avoid_nodes: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class EventSpec:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclasses.dataclass
+class Inputs:
+    job: dict[str, Any]
+    spec: TrainingJobSpec
+    status: TrainingJobStatus
+    world: World
+    pods: list[PodView]
+    now: dt.datetime
+    straggler: Straggler | None = None
+    progress: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass
+class Plan:
+    status: TrainingJobStatus
+    world: World | None = None
+    create: list[PodRequest] = dataclasses.field(default_factory=list)
+    delete: dict[str, str] = dataclasses.field(default_factory=dict)  # pod -> why
+    events: list[EventSpec] = dataclasses.field(default_factory=list)
+    delete_job: bool = False
+    requeue_after: float | None = None
+    straggler_handled: bool = False  # the prober's verdict was acted on (starts its cooldown)
+    replaced: dict[str, int] = dataclasses.field(default_factory=lambda: {"failure": 0, "straggler": 0})
+
+    def event(self, reason: str, message: str, warning: bool = False) -> None:
+        self.events.append(EventSpec("Warning" if warning else "Normal", reason, message))
+
+    def requeue(self, seconds: float) -> None:
+        seconds = max(seconds, 0.5)
+        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+
+    def remove(self, pod: PodView, why: str) -> None:
+        if not pod.terminating and pod.name not in self.delete:
+            self.delete[pod.name] = why
+
+
+def plan_job(x: Inputs) -> Plan:
+    st = copy.deepcopy(x.status)
+    p = Plan(status=st)
+    spec, now = x.spec, x.now
+    meta = x.job["metadata"]
+    generation = int(meta.get("generation") or 0)
+    ours = [v for v in x.pods if v.owned]
+    for v in x.pods:
+        if not v.owned:
+            p.remove(v, "carries the job's labels but was not created for it")
+            if not v.terminating:
+                p.event("ExtraPodDeleted", f"Deleted pod {v.name}: it carries the job's labels but is not its worker",
+                        warning=True)
+    existing = {v.name for v in ours}
+    st.retiring = [n for n in st.retiring if n in existing]
+    st.pod_index = max([st.pod_index] + [v.index + 1 for v in ours])
+    st.observed_generation = generation
+    st.selector = selector_string(meta["name"])
+
+    if st.phase in FINAL_PHASES:
+        _finished(x, p)
+        return p
+    if spec.run_policy.suspend:
+        _suspend(x, p)
+        return p
+    if st.phase == "Suspended":
+        p.event("Resumed", "runPolicy.suspend is false: recreating the workers")
+        st.phase, st.start_time, st.below_min_since, st.backoff_until = "Pending", "", "", ""
+    if not st.start_time:
+        st.start_time = fmt_time(now)
+
+    deadline_s = spec.run_policy.active_deadline_seconds
+    if deadline_s:
+        left = seconds_until(parse_time(st.start_time), now) + deadline_s
+        if left <= 0:
+            _fail(x, p, "DeadlineExceeded", f"the job ran longer than runPolicy.activeDeadlineSeconds={deadline_s}")
+            return p
+        p.requeue(left)
+
+    world = x.world
+    why: dict[str, str] = {}  # members leaving, and why (for the world's reason)
+    lost_member = False
+    ft = spec.fault_tolerance
+    for v in ours:
+        if not (v.failed and not v.terminating):
+            continue
+        if v.name not in st.retiring:
+            st.retiring.append(v.name)
+            st.restarts += 1
+            st.replacements.failure += 1
+            p.replaced["failure"] += 1
+            delay = backoff_seconds(st.restarts, ft.backoff_seconds, ft.max_backoff_seconds)
+            st.backoff_until = fmt_time(now + dt.timedelta(seconds=delay))
+            p.event("WorkerFailed", f"Worker {v.name} failed ({v.describe_exit()}); failure {st.restarts} of "
+                    f"faultTolerance.maxRestarts={ft.max_restarts}; replacement in {delay:g}s", warning=True)
+            if st.restarts > ft.max_restarts:
+                p.remove(v, "failed")
+                _fail(x, p, "TooManyRestarts",
+                      f"{st.restarts} worker failures exceed faultTolerance.maxRestarts={ft.max_restarts}")
+                return p
+        if v.name in world.names:
+            why[v.name] = "failed"
+            lost_member = True
+        p.remove(v, "failed")
+
+    by_name = {v.name: v for v in ours}
+    done = {v.name for v in ours if v.succeeded}
+    if world.members and _succeeded(spec, world, done):
+        _succeed(x, p, by_name.get(world.members[0].pod))
+        return p
+    # A member finished: the job is completing. Freeze membership and creation
+    # so the others can finish too instead of being re-formed into a new world.
+    completing = any(n in done for n in world.names)
+
+    for m in world.members:
+        member = by_name.get(m.pod)
+        if completing:
+            break  # membership is frozen; completion or failure decides
+        if member is None or member.terminating:
+            why[m.pod], lost_member = "was deleted", True
+            p.event("WorkerLost", f"Worker {m.pod} (rank {world.rank_of(m.pod)}) was deleted", warning=True)
+        elif member.active and not member.ready:
+            why[m.pod], lost_member = "is no longer Ready", True
+            p.event("WorkerLost", f"Worker {m.pod} (rank {world.rank_of(m.pod)}) is no longer Ready", warning=True)
+
+    target, unit = spec.replicas.target, spec.parallelism.tensor * spec.parallelism.pipeline
+    eff_target = effective_target(target, unit)
+    exclude, swap_pending = _stragglers(x, p, world, by_name, why, quiet=lost_member or completing,
+                                        full=world.size >= eff_target)
+
+    new_world = world
+    if not completing:
+        ready = [Member(v.name, v.uid, v.ip) for v in ours
+                 if v.admissible and v.name not in exclude and v.name not in st.retiring]
+        new_world = next_world(world, ready, target=target, unit=unit, minimum=spec.replicas.min, why=why)
+        if new_world.version != world.version:
+            promoted = [m.pod for m in new_world.members if m.pod in {s.pod for s in world.spares}
+                        and (lost_member or exclude)]
+            for pod in promoted:
+                p.event("SparePromoted", f"Spare {pod} joined the world at once")
+            p.event("WorldPublished", f"World v{new_world.version}: {new_world.size} members "
+                    f"[{', '.join(new_world.names)}]; {new_world.reason}")
+        if new_world != world:
+            p.world = new_world
+        for s in exclude:
+            if s not in new_world.names and s in by_name:
+                replacement = [m for m in new_world.names if m not in world.names]
+                st.retiring.append(s)
+                st.replacements.straggler += 1
+                p.replaced["straggler"] += 1
+                p.remove(by_name[s], "replaced as a straggler")
+                p.event("StragglerReplaced", f"Worker {s} was replaced as a straggler by "
+                        f"{', '.join(replacement) or 'a spare'}")
+
+    _scale(x, p, new_world, ours, completing=completing, swap_pending=swap_pending)
+
+    prev = st.phase
+    st.phase = cast(Phase, next_phase(prev, world_size=new_world.size, minimum=spec.replicas.min, target=eff_target,
+                          lost_member=lost_member))
+    if new_world.size >= max(spec.replicas.min, 1):
+        st.below_min_since = ""
+    else:
+        since = parse_time(st.below_min_since) or now
+        st.below_min_since = fmt_time(since)
+        left = seconds_until(since, now) + ft.below_min_timeout_seconds
+        if left <= 0:
+            _fail(x, p, "BelowMinTimeout", f"fewer than replicas.min={spec.replicas.min} workers were Ready for "
+                  f"faultTolerance.belowMinTimeoutSeconds={ft.below_min_timeout_seconds}")
+            return p
+        p.requeue(left)
+    if st.phase != prev:
+        p.event(st.phase, _phase_message(st.phase, new_world, spec.replicas.min, eff_target),
+                warning=st.phase == "Recovering")
+    st.conditions = phase_conditions(st.conditions, phase=st.phase, world_size=new_world.size, target=eff_target,
+                                     minimum=spec.replicas.min, final_reason="", final_message="",
+                                     generation=generation, now=now)
+    _fill_counts(x, p, new_world, eff_target)
+    _progress(x, p)
+    return p
+
+
+def _phase_message(phase: str, world: World, minimum: int, target: int) -> str:
+    if phase == "Running":
+        return f"Training with a world of {world.size} workers (target {target})"
+    if phase == "Recovering":
+        return f"Lost a worker: world of {world.size}, target {target}; replacing it"
+    return f"Waiting for at least replicas.min={minimum} Ready workers"
+
+
+def _succeeded(spec: TrainingJobSpec, world: World, done: set[str]) -> bool:
+    if spec.run_policy.success_policy == "rank0":
+        return world.members[0].pod in done
+    return all(n in done for n in world.names)
+
+
+def _stragglers(x: Inputs, p: Plan, world: World, by_name: dict[str, PodView], why: dict[str, str], *,
+                quiet: bool, full: bool) -> tuple[set[str], bool]:
+    """Advance straggler swaps. Returns (members to swap out now, a replacement is still starting)."""
+    exclude: set[str] = set()
+    pending = False
+    members = set(world.names)
+    for r in by_name.values():
+        if not r.replaces or not r.active:
+            continue
+        s = by_name.get(r.replaces)
+        if s is None or not s.active or r.replaces in x.status.retiring:
+            continue  # the straggler is gone anyway: r is an ordinary worker now
+        if r.replaces in members and r.ready:
+            exclude.add(r.replaces)
+            why[r.replaces] = "was replaced as a straggler"
+        elif r.replaces in members:
+            pending = True
+        elif r.name in members:
+            exclude.add(r.replaces)  # the swap was published before a restart: finish it
+    verdict = x.straggler
+    if exclude or pending or verdict is None or quiet or not full or verdict.pod not in members:
+        return exclude, pending
+    s = by_name.get(verdict.pod)
+    if s is None or not s.ready:
+        return exclude, pending
+    p.straggler_handled = True
+    policy = x.spec.stragglers.policy
+    if policy == "ignore":
+        p.event("StragglerDetected", f"{verdict.describe()} (stragglers.policy=ignore: no action)", warning=True)
+        return exclude, pending
+    spares = [m.pod for m in world.spares if m.pod in by_name and by_name[m.pod].admissible]
+    if spares:
+        exclude.add(s.name)
+        why[s.name] = "was replaced as a straggler"
+        p.event("StragglerDetected", f"{verdict.describe()}; swapping in spare {spares[0]}", warning=True)
+        return exclude, pending
+    index = p.status.pod_index
+    p.status.pod_index += 1
+    p.create.append(PodRequest(index=index, replaces=s.name, avoid_nodes=(s.node,) if s.node else ()))
+    p.event("StragglerDetected", f"{verdict.describe()}; starting a replacement away from node "
+            f"{s.node or '(unknown)'}", warning=True)
+    return exclude, True
+
+
+def _scale(x: Inputs, p: Plan, world: World, ours: list[PodView], *, completing: bool, swap_pending: bool) -> None:
+    """Delete surplus pods (never members; not-Ready, then newest first) or create missing ones."""
+    st, spec, now = p.status, x.spec, x.now
+    active = [v for v in ours if v.active and v.name not in p.delete]
+    desired = spec.replicas.target + spec.replicas.spares + (1 if swap_pending else 0)
+    if len(active) > desired:
+        keep = set(world.names) | {v.name for v in active if v.replaces and swap_pending}
+        victims = sorted((v for v in active if v.name not in keep), key=lambda v: (v.ready, -v.index))
+        for v in victims[: len(active) - desired]:
+            p.remove(v, "scaled down")
+            p.event("PodDeleted", f"Deleted worker {v.name}: replicas.target={spec.replicas.target}")
+        return
+    missing = desired - len(active) - len(p.create)
+    if missing <= 0 or completing:
+        return
+    wait = seconds_until(parse_time(st.backoff_until), now)
+    if wait > 0:
+        p.requeue(wait)
+        return
+    for _ in range(missing):
+        p.create.append(PodRequest(index=st.pod_index))
+        st.pod_index += 1
+
+
+def _finished(x: Inputs, p: Plan) -> None:
+    st = p.status
+    for v in x.pods:
+        if v.owned and v.active:
+            p.remove(v, f"job {st.phase}")
+    ttl = x.spec.run_policy.ttl_seconds_after_finished
+    done_at = parse_time(st.completion_time)
+    if ttl is not None and done_at is not None:
+        left = seconds_until(done_at, x.now) + ttl
+        if left <= 0:
+            p.delete_job = True
+            p.event("TTLExpired", f"Deleting the job: runPolicy.ttlSecondsAfterFinished={ttl} passed")
+        else:
+            p.requeue(left)
+    st.replicas.active = 0
+    st.replicas.ready = 0
+    st.replicas.spares = 0
+
+
+def _suspend(x: Inputs, p: Plan) -> None:
+    st = p.status
+    active = [v for v in x.pods if v.owned and v.active]
+    if st.phase != "Suspended":
+        p.event("Suspended", f"runPolicy.suspend is true: deleting {len(active)} workers")
+    for v in active:
+        p.remove(v, "job suspended")
+    if x.world.members or x.world.spares:
+        p.world = World(version=x.world.version + (1 if x.world.members else 0), reason="job suspended")
+        if x.world.members:
+            p.event("WorldPublished", f"World v{p.world.version}: 0 members; job suspended")
+    st.phase, st.backoff_until, st.below_min_since = "Suspended", "", ""
+    generation = int(x.job["metadata"].get("generation") or 0)
+    eff = effective_target(x.spec.replicas.target, x.spec.parallelism.tensor * x.spec.parallelism.pipeline)
+    st.conditions = phase_conditions(st.conditions, phase="Suspended", world_size=0, target=eff,
+                                     minimum=x.spec.replicas.min, final_reason="", final_message="",
+                                     generation=generation, now=x.now)
+    _fill_counts(x, p, p.world or x.world, eff)
+
+
+def _finish(x: Inputs, p: Plan, phase: str, reason: str, message: str) -> None:
+    st = p.status
+    st.phase = cast(Phase, phase)
+    st.completion_time = fmt_time(x.now)
+    st.backoff_until = st.below_min_since = ""
+    generation = int(x.job["metadata"].get("generation") or 0)
+    eff = effective_target(x.spec.replicas.target, x.spec.parallelism.tensor * x.spec.parallelism.pipeline)
+    st.conditions = phase_conditions(st.conditions, phase=phase, world_size=0, target=eff,
+                                     minimum=x.spec.replicas.min, final_reason=reason, final_message=message,
+                                     generation=generation, now=x.now)
+    p.event(phase, f"{reason}: {message}", warning=phase == "Failed")
+    _finished(x, p)
+    st.world.size = x.world.size
+
+
+def _fail(x: Inputs, p: Plan, reason: str, message: str) -> None:
+    _finish(x, p, "Failed", reason, message)
+
+
+def _succeed(x: Inputs, p: Plan, rank0: PodView | None) -> None:
+    summary = rank0.termination_summary() if rank0 else {}
+    if summary:
+        _apply_progress(p.status, summary, x.now)
+    policy = x.spec.run_policy.success_policy
+    if policy == "rank0":
+        _finish(x, p, "Succeeded", "Rank0Succeeded", f"rank 0 ({rank0.name if rank0 else '?'}) exited 0")
+    else:
+        _finish(x, p, "Succeeded", "AllWorkersSucceeded", f"all {x.world.size} members exited 0")
+
+
+def _fill_counts(x: Inputs, p: Plan, world: World, eff_target: int) -> None:
+    st = p.status
+    running = st.phase in ACTIVE_PHASES
+    ready = [v for v in x.pods if v.owned and v.admissible and v.name not in p.delete]
+    st.replicas.desired = eff_target
+    st.replicas.active = world.size if running else 0
+    st.replicas.ready = len(ready)
+    st.replicas.spares = len(world.spares) if running else 0
+    st.replicas.summary = f"{st.replicas.active}/{eff_target}"
+    st.world.version = world.version
+    st.world.size = world.size
+    st.world.members = world.names
+    st.world.reason = world.reason
+
+
+def _progress(x: Inputs, p: Plan) -> None:
+    if x.progress:
+        _apply_progress(p.status, x.progress, x.now)
+
+
+def _apply_progress(st: TrainingJobStatus, data: dict[str, Any], now: dt.datetime) -> None:
+    """Copy a /progress document (or a termination summary) into the status, if anything changed."""
+    pr = copy.deepcopy(st.progress)
+
+    def num(key: str, cast: type) -> Any:
+        value = data.get(key)
+        try:
+            return cast(value) if value is not None else None
+        except (TypeError, ValueError):
+            return None
+
+    for key, attr, kind in (("step", "step", int), ("epoch", "epoch", int), ("loss", "loss", float),
+                            ("samplesPerSecond", "samples_per_second", float), ("accuracy", "accuracy", float)):
+        value = num(key, kind)
+        if value is not None:
+            setattr(pr, attr, value)
+    if isinstance(data.get("plan"), str):
+        pr.plan = data["plan"]
+    if dataclasses.replace(pr, updated_at="") != dataclasses.replace(st.progress, updated_at=""):
+        pr.updated_at = fmt_time(now)
+        st.progress = pr
+    ckpt = data.get("lastCheckpoint")
+    if isinstance(ckpt, dict) and ckpt.get("step") is not None:
+        try:
+            st.last_checkpoint.step = int(ckpt["step"])
+        except (TypeError, ValueError):
+            return
+        st.last_checkpoint.location = str(ckpt.get("location") or "")
+        t = ckpt.get("time")
+        if isinstance(t, (int, float)):
+            st.last_checkpoint.time = fmt_time(dt.datetime.fromtimestamp(t, dt.timezone.utc))
+        elif t:
+            st.last_checkpoint.time = str(t)

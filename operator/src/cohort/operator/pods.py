@@ -1,0 +1,219 @@
+"""The worker Pod manifest (docs/contracts.md §2), built from the job and nothing else.
+
+Pure: a job dict and a few choices in, a Pod dict out. The reconciler decides
+*which* pods exist; this module decides what each one looks like:
+
+- the contract's env (downward API included), ports, readiness probe and the
+  job config mounted at /etc/cohort;
+- the checkpoint volume at ``checkpoint.path`` (emptyDir unless the spec names a
+  volume; no mount at all for a URL such as ``s3://...``);
+- resources and scheduling fields passed through;
+- the restricted Pod Security profile (non-root, no privilege escalation, drop
+  ALL, seccomp RuntimeDefault);
+- the user's ``podTemplate`` fragment merged in (labels, annotations, env,
+  volumes, volumeMounts, imagePullSecrets, serviceAccountName).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from .api.models import TrainingJobSpec
+from .naming import (
+    ANNOTATION_INDEX,
+    ANNOTATION_REPLACES,
+    CONFIG_DIR,
+    CONFIG_PATH,
+    METRICS_PORT,
+    RDZV_PORT,
+    config_map_name,
+    owner_reference,
+    pod_name,
+    worker_account_name,
+    worker_labels,
+    world_map_name,
+)
+
+CONTAINER = "trainer"
+CONFIG_VOLUME = "cohort-config"
+CHECKPOINT_VOLUME = "cohort-checkpoints"
+# A non-root UID for images that do not set USER; runAsNonRoot alone would
+# refuse to start such an image.
+DEFAULT_UID = 1000
+
+
+def _downward(field_path: str) -> dict[str, Any]:
+    return {"valueFrom": {"fieldRef": {"fieldPath": field_path}}}
+
+
+def contract_env(job_name: str) -> list[dict[str, Any]]:
+    """The environment every worker gets (docs/contracts.md §2)."""
+    return [
+        {"name": "COHORT_CONFIG", "value": CONFIG_PATH},
+        {"name": "COHORT_JOB_NAME", "value": job_name},
+        {"name": "COHORT_NAMESPACE", **_downward("metadata.namespace")},
+        {"name": "COHORT_POD_NAME", **_downward("metadata.name")},
+        {"name": "COHORT_POD_UID", **_downward("metadata.uid")},
+        {"name": "COHORT_POD_IP", **_downward("status.podIP")},
+        {"name": "COHORT_METRICS_PORT", "value": str(METRICS_PORT)},
+        {"name": "COHORT_RDZV_PORT", "value": str(RDZV_PORT)},
+        {"name": "COHORT_WORLD", "value": f"configmap:{world_map_name(job_name)}"},
+    ]
+
+
+def _merge_env(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # The contract variables win: a template cannot point a worker at another
+    # job's world. Everything else the user adds is kept, in order.
+    taken = {e["name"] for e in ours}
+    return ours + [copy.deepcopy(e) for e in theirs if e.get("name") not in taken]
+
+
+def _merge_named(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    taken = {v.get("name") for v in ours}
+    return ours + [copy.deepcopy(v) for v in theirs if v.get("name") not in taken]
+
+
+def checkpoint_mount(spec: TrainingJobSpec) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The checkpoint (volume, volumeMount), or None when checkpoints go to a URL."""
+    path = spec.checkpoint.path
+    if "://" in path:
+        return None
+    source = copy.deepcopy(spec.checkpoint.volume) or {"emptyDir": {}}
+    return {"name": CHECKPOINT_VOLUME, **source}, {"name": CHECKPOINT_VOLUME, "mountPath": path}
+
+
+def avoid_nodes(affinity: Mapping[str, Any], nodes: list[str]) -> dict[str, Any]:
+    """The affinity plus a required rule keeping the pod off ``nodes``.
+
+    Node selector terms are ORed, so the rule is added to every term (or forms
+    the only term) to hold whichever term matches.
+    """
+    out = copy.deepcopy(dict(affinity))
+    if not nodes:
+        return out
+    rule = {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": sorted(nodes)}
+    required = out.setdefault("nodeAffinity", {}).setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.setdefault("nodeSelectorTerms", [])
+    if not terms:
+        terms.append({"matchExpressions": [rule]})
+    for term in terms:
+        term.setdefault("matchExpressions", []).append(copy.deepcopy(rule))
+    return out
+
+
+def build_worker_pod(
+    job: dict[str, Any],
+    spec: TrainingJobSpec,
+    index: int,
+    *,
+    default_image: str,
+    gang: Mapping[str, Any] | None = None,
+    replaces: str = "",
+    avoid: list[str] | None = None,
+) -> dict[str, Any]:
+    """The Pod for worker ``index`` of ``job``.
+
+    ``gang`` carries what the gang scheduler in use expects on each pod
+    (``labels``, ``annotations``, ``spec`` fields; see :mod:`.gang`).
+    ``replaces``/``avoid`` mark a straggler's replacement and the nodes it must avoid.
+    """
+    meta = job["metadata"]
+    name = meta["name"]
+    template = spec.pod_template or {}
+    t_meta = template.get("metadata") or {}
+    t_spec = template.get("spec") or {}
+    t_containers = t_spec.get("containers") or [{}]
+    t_container = t_containers[0] if t_containers else {}
+    gang = gang or {}
+
+    labels = {**(t_meta.get("labels") or {}), **(gang.get("labels") or {}), **worker_labels(name)}
+    annotations = {**(t_meta.get("annotations") or {}), **(gang.get("annotations") or {}),
+                   ANNOTATION_INDEX: str(index)}
+    if replaces:
+        annotations[ANNOTATION_REPLACES] = replaces
+
+    volumes: list[dict[str, Any]] = [{"name": CONFIG_VOLUME, "configMap": {"name": config_map_name(name)}}]
+    mounts: list[dict[str, Any]] = [{"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True}]
+    ckpt = checkpoint_mount(spec)
+    if ckpt:
+        volumes.append(ckpt[0])
+        mounts.append(ckpt[1])
+    volumes = _merge_named(volumes, t_spec.get("volumes") or [])
+    mounts = _merge_named(mounts, t_container.get("volumeMounts") or [])
+
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": spec.image or default_image,
+        "command": ["cohort-train"],
+        "args": ["--config", CONFIG_PATH],
+        "env": _merge_env(contract_env(name), t_container.get("env") or []),
+        "ports": [
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+            {"name": "rendezvous", "containerPort": RDZV_PORT, "protocol": "TCP"},
+        ],
+        # Generous timeouts: a busy trainer answers /healthz from a thread that
+        # competes for the GIL, and a flapping probe would churn the world.
+        "readinessProbe": {
+            "httpGet": {"path": "/healthz", "port": "metrics"},
+            "periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 3,
+        },
+        "resources": copy.deepcopy(spec.resources),
+        "volumeMounts": mounts,
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    if t_container.get("imagePullPolicy"):
+        container["imagePullPolicy"] = t_container["imagePullPolicy"]
+
+    t_security = t_spec.get("securityContext") or {}
+    uid = t_security.get("runAsUser", DEFAULT_UID)
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "serviceAccountName": t_spec.get("serviceAccountName") or worker_account_name(name),
+        "enableServiceLinks": False,
+        "containers": [container],
+        "volumes": volumes,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": uid,
+            "runAsGroup": t_security.get("runAsGroup", uid),
+            "fsGroup": t_security.get("fsGroup", uid),
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    sched = spec.scheduling
+    if sched.scheduler_name:
+        pod_spec["schedulerName"] = sched.scheduler_name
+    if sched.priority_class_name:
+        pod_spec["priorityClassName"] = sched.priority_class_name
+    if sched.node_selector:
+        pod_spec["nodeSelector"] = dict(sched.node_selector)
+    if sched.tolerations:
+        pod_spec["tolerations"] = copy.deepcopy(sched.tolerations)
+    affinity = avoid_nodes(sched.affinity, avoid or [])
+    if affinity:
+        pod_spec["affinity"] = affinity
+    if t_spec.get("imagePullSecrets"):
+        pod_spec["imagePullSecrets"] = copy.deepcopy(t_spec["imagePullSecrets"])
+    pod_spec.update(copy.deepcopy(dict(gang.get("spec") or {})))
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(name, index),
+            "namespace": meta["namespace"],
+            "labels": labels,
+            "annotations": annotations,
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": pod_spec,
+    }

@@ -1,0 +1,383 @@
+"""The reconcile loop: observe one job, ask the planner, carry out the Plan.
+
+All I/O of a reconcile is here; all decisions are in :mod:`.planner`. The
+order of writes makes a crash at any point harmless:
+
+1. owned objects (config, Service, RBAC, PDB, gang object) are created if
+   absent; the config is updated when the spec changes;
+2. the pods are listed fresh (a consistent read: our own writes are seen);
+3. the world ConfigMap is written (workers learn about departures at once);
+4. the status is patched, persisting ``podIndex`` before any pod with that
+   index exists, and ``retiring`` before any pod is counted twice;
+5. pods are deleted (never before the world that drops them is published);
+6. pods are created with create-if-absent (409 means it exists: fine);
+7. Events are posted.
+
+A restarted operator re-reads status and world and goes on: names are
+deterministic and never reused, so nothing is duplicated or orphaned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from typing import Any
+
+from .api.models import PLURAL, TrainingJobSpec, TrainingJobStatus
+from .api.schema import ValidationError, parse, to_dict
+from .events import EventRecorder
+from .gang import DISCOVERY_GROUP_VERSIONS, GangApi, build_gang_object, choose_gang_api, gang_message, gang_pod_fields
+from .jobstate import JobKey, JobMemory
+from .kubeapi import ApiError, Kube, gather_limited
+from .lifecycle import FINAL_PHASES, get_condition, set_condition
+from .manifests import CONFIG_MAP, POD, build_world_map, kind_of, owned_objects
+from .metrics import OperatorMetrics
+from .naming import API_VERSION, CONFIG_KEY, LABEL_JOB, WORLD_KEY, world_map_name
+from .observe import view_pods
+from .planner import Inputs, Plan, plan_job
+from .pods import build_worker_pod
+from .settings import Settings
+from .workqueue import WorkQueue
+from .world import Member, World
+
+log = logging.getLogger(__name__)
+REPAIRED = "repaired:"  # marks an object recreated after a deletion, for the Event
+
+
+def job_path(namespace: str, name: str = "", sub: str = "") -> str:
+    out = f"/apis/{API_VERSION}/namespaces/{namespace}/{PLURAL}"
+    return out + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
+
+
+class Reconciler:
+    def __init__(self, kube: Kube, settings: Settings, metrics: OperatorMetrics, recorder: EventRecorder):
+        self.kube = kube
+        self.settings = settings
+        self.metrics = metrics
+        self.recorder = recorder
+        self.queue = WorkQueue()
+        self.jobs: dict[JobKey, JobMemory] = {}
+        self._gang: tuple[float, GangApi | None] | None = None
+        self._gang_lock = asyncio.Lock()
+
+    # --- triggers (called by the kopf handlers) ------------------------------
+    def memory(self, key: JobKey) -> JobMemory:
+        mem = self.jobs.get(key)
+        if mem is None:
+            mem = self.jobs[key] = JobMemory(key=key)
+        return mem
+
+    def job_deleted(self, key: JobKey) -> None:
+        self.jobs.pop(key, None)
+        self.queue.forget(key)
+        self.metrics.set_phases(m.status.phase for m in self.jobs.values() if m.body)
+
+    def object_deleted(self, key: JobKey, kind: str, name: str) -> None:
+        mem = self.jobs.get(key)
+        if mem is not None and (kind, name) in mem.ensured:
+            mem.ensured.discard((kind, name))
+            mem.lost.add((kind, name))
+            if kind == "ConfigMap" and name == world_map_name(key[1]):
+                mem.lost.add(("World", name))
+        self.queue.add(key)
+
+    async def resync_forever(self) -> None:
+        """Level-based safety net: every job is reconciled at least every resync period."""
+        while True:
+            await asyncio.sleep(self.settings.resync_s)
+            for key, mem in list(self.jobs.items()):
+                if mem.body is not None:
+                    self.queue.add(key)
+
+    async def run(self) -> None:
+        await self.queue.run(self.reconcile, self.settings.max_concurrent_reconciles)
+
+    # --- one reconcile -------------------------------------------------------
+    async def reconcile(self, key: Any) -> None:
+        mem = self.jobs.get(key)
+        if mem is None or mem.body is None:
+            return
+        started = time.perf_counter()
+        async with mem.lock:
+            try:
+                await self._reconcile(mem)
+            except (ApiError, OSError, asyncio.TimeoutError) as e:
+                self.metrics.errors.labels(where="reconcile").inc()
+                log.warning("reconcile %s/%s failed: %s; retrying", key[0], key[1], e)
+                mem.loaded = mem.loaded and not (isinstance(e, ApiError) and e.status == 409)
+                self.queue.add_after(key, 2.0)
+            except Exception:
+                self.metrics.errors.labels(where="reconcile").inc()
+                log.exception("reconcile %s/%s crashed; retrying", key[0], key[1])
+                mem.loaded = False
+                self.queue.add_after(key, 5.0)
+            finally:
+                self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+        self.metrics.set_phases(m.status.phase for m in self.jobs.values() if m.body)
+
+    async def _reconcile(self, mem: JobMemory) -> None:
+        job = mem.body
+        assert job is not None
+        meta = job["metadata"]
+        ns, name = mem.key
+        if meta.get("deletionTimestamp"):
+            return  # the garbage collector removes what the job owns
+        if mem.uid != meta.get("uid"):
+            mem.reset_for_new_uid(meta.get("uid", ""))
+        try:
+            spec = parse(TrainingJobSpec, job.get("spec"), "spec")
+        except ValidationError as e:
+            await self._invalid(mem, job, str(e))
+            return
+        if not mem.loaded:
+            await self._load(mem, job)
+        now = dt.datetime.now(dt.timezone.utc)
+        status = mem.status
+        gang_fields: dict[str, Any] = {}
+        if status.phase not in FINAL_PHASES:
+            await self._ensure_owned(mem, job, spec)
+            gang_fields = await self._ensure_gang(mem, job, spec, now)
+        pods = await self.kube.list(POD.path(ns), label_selector=f"{LABEL_JOB}={name}")
+        inputs = Inputs(job=job, spec=spec, status=mem.status, world=mem.world, pods=view_pods(pods, mem.uid),
+                        now=now, straggler=mem.verdict, progress=mem.progress)
+        plan = plan_job(inputs)
+        await self._execute(mem, job, spec, plan, gang_fields)
+
+    async def _invalid(self, mem: JobMemory, job: dict[str, Any], message: str) -> None:
+        # The API server validates on admission; this guards objects stored
+        # before a schema change. Say so once, and leave the job alone.
+        st = mem.status if mem.loaded else _parse_status(job)
+        cond = get_condition(st.conditions, "Failed")
+        if cond and cond.reason == "InvalidSpec" and cond.message == message:
+            return
+        now = dt.datetime.now(dt.timezone.utc)
+        st.conditions = set_condition(st.conditions, "Failed", True, "InvalidSpec", message,
+                                      generation=int(job["metadata"].get("generation") or 0), now=now)
+        await self._patch_status(mem, job, st)
+        await self.recorder.post(job, "Warning", "InvalidSpec", message)
+
+    async def _load(self, mem: JobMemory, job: dict[str, Any]) -> None:
+        """Durable state after a (re)start: the status, and the world ConfigMap (the authority)."""
+        ns, name = mem.key
+        # Read the status fresh: the watched copy may predate our last write,
+        # and an old podIndex would reuse a pod name.
+        fresh = await self.kube.get(job_path(ns, name)) or job
+        mem.status = _parse_status(fresh)
+        mem.written = to_dict(mem.status)
+        cm = await self.kube.get(CONFIG_MAP.path(ns, world_map_name(name)))
+        stored = World.parse(((cm or {}).get("data") or {}).get(WORLD_KEY))
+        from_status = World(version=mem.status.world.version,
+                            members=tuple(Member(pod=p) for p in mem.status.world.members))
+        mem.world = stored if stored is not None and stored.version >= from_status.version else from_status
+        if cm is None:
+            mem.lost.add(("World", world_map_name(name)))
+        mem.loaded = True
+
+    async def _ensure_owned(self, mem: JobMemory, job: dict[str, Any], spec: TrainingJobSpec) -> None:
+        todo = []
+        for obj in owned_objects(job, spec):
+            ident = (obj["kind"], obj["metadata"]["name"])
+            if obj["kind"] == "ConfigMap":
+                text = obj["data"][CONFIG_KEY]
+                if ident in mem.ensured and text == mem.config_text:
+                    continue
+                todo.append(self._ensure_config(mem, obj, text))
+            elif ident not in mem.ensured:
+                todo.append(self._ensure_one(mem, obj))
+        if ("World", world_map_name(mem.key[1])) in mem.lost or (
+                "ConfigMap", world_map_name(mem.key[1])) not in mem.ensured:
+            todo.append(self._write_world(mem, job, mem.world, create_only=True))
+        if not todo:
+            return
+        results = await asyncio.gather(*todo, return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        created = [r for r in results if isinstance(r, str)]
+        fresh = [c for c in created if not c.startswith(REPAIRED)]
+        repaired = [c.removeprefix(REPAIRED) for c in created if c.startswith(REPAIRED)]
+        if fresh:
+            await self.recorder.post(job, "Normal", "Created", "Created " + ", ".join(fresh))
+        if repaired:
+            await self.recorder.post(job, "Warning", "Repaired",
+                                     "Recreated " + ", ".join(repaired) + ": it was deleted")
+
+    async def _ensure_one(self, mem: JobMemory, obj: dict[str, Any]) -> str | None:
+        ident = (obj["kind"], obj["metadata"]["name"])
+        created = await self.kube.create_if_absent(kind_of(obj).path(mem.key[0]), obj)
+        mem.ensured.add(ident)
+        was_lost = ident in mem.lost
+        mem.lost.discard(ident)
+        if not created:
+            return None
+        return (REPAIRED if was_lost else "") + f"{obj['kind']} {obj['metadata']['name']}"
+
+    async def _ensure_config(self, mem: JobMemory, obj: dict[str, Any], text: str) -> str | None:
+        ident = (obj["kind"], obj["metadata"]["name"])
+        path = CONFIG_MAP.path(mem.key[0], obj["metadata"]["name"])
+        current = await self.kube.get(path)
+        result = None
+        if current is None:
+            result = await self._ensure_one(mem, obj)
+        elif (current.get("data") or {}).get(CONFIG_KEY) != text:
+            await self.kube.patch(path, {"data": {CONFIG_KEY: text}})
+        mem.ensured.add(ident)
+        mem.lost.discard(ident)
+        mem.config_text = text
+        return result
+
+    async def _ensure_gang(self, mem: JobMemory, job: dict[str, Any], spec: TrainingJobSpec,
+                           now: dt.datetime) -> dict[str, Any]:
+        if not spec.scheduling.gang:
+            return {}
+        api = await self.gang_api()
+        name = mem.key[1]
+        message = gang_message(api, name, spec)
+        cond = get_condition(mem.status.conditions, "GangScheduling")
+        ok = api is not None
+        reason = api.flavour.replace("-", " ").title().replace(" ", "") if api else "Unsupported"
+        if cond is None or cond.reason != reason or cond.message != message:
+            mem.status.conditions = set_condition(mem.status.conditions, "GangScheduling", ok, reason, message,
+                                                  generation=int(job["metadata"].get("generation") or 0), now=now)
+            await self.recorder.post(job, "Normal" if ok else "Warning",
+                                     "GangScheduling" if ok else "GangSchedulingUnsupported", message)
+        if api is None:
+            return {}
+        if mem.gang_key != api.description:
+            obj = build_gang_object(api, job, spec)
+            if await self.kube.create_if_absent(api.kind.path(mem.key[0]), obj):
+                await self.recorder.post(job, "Normal", "Created", f"Created {api.description} {name}")
+            mem.gang_key = api.description
+        return gang_pod_fields(api, name, spec)
+
+    async def gang_api(self) -> GangApi | None:
+        """The preferred gang scheduling API the server offers (discovery, cached)."""
+        async with self._gang_lock:
+            if self._gang and time.monotonic() < self._gang[0]:
+                return self._gang[1]
+            served: set[tuple[str, str]] = set()
+            for found in await asyncio.gather(*(self.kube.served_resources(gv) for gv in DISCOVERY_GROUP_VERSIONS)):
+                served |= found
+            api = choose_gang_api(served)
+            self._gang = (time.monotonic() + self.settings.discovery_s, api)
+            return api
+
+    # --- carrying out a plan -------------------------------------------------
+    async def _execute(self, mem: JobMemory, job: dict[str, Any], spec: TrainingJobSpec, plan: Plan,
+                       gang_fields: dict[str, Any]) -> None:
+        ns, name = mem.key
+        if plan.world is not None:
+            old_version = mem.world.version
+            await self._write_world(mem, job, plan.world)
+            if plan.world.version != old_version:
+                self.metrics.world_changes.inc()
+        if to_dict(plan.status) != mem.written and not await self._patch_status(mem, job, plan.status):
+            return  # the job is gone
+        mem.status = plan.status
+        if plan.delete_job:
+            await asyncio.gather(*(self.recorder.post(job, e.type, e.reason, e.message) for e in plan.events))
+            try:
+                await self.kube.request("DELETE", job_path(ns, name), body={"propagationPolicy": "Background"})
+            except ApiError as e:
+                if e.status != 404:
+                    raise
+            return
+        deleted = await self._delete_pods(mem, plan)
+        created = await self._create_pods(mem, job, spec, plan, gang_fields)
+        for reason, count in plan.replaced.items():
+            if count:
+                self.metrics.replacements.labels(reason=reason).inc(count)
+        # Pod creations and deletions are announced in one Event per batch,
+        # naming every pod: the same story at a fraction of the API calls.
+        # Posted one after another, so they keep the order of the story.
+        events = [(e.type, e.reason, e.message) for e in plan.events if e.reason != "PodDeleted"]
+        events += [("Normal", "PodDeleted", f"Deleted worker pods {', '.join(pods)}: {why}")
+                   for why, pods in deleted.items()]
+        if created:
+            events.append(("Normal", "PodCreated", "Created worker pods " + ", ".join(created)))
+        for type_, reason, message in events:
+            await self.recorder.post(job, type_, reason, message)
+        if plan.straggler_handled:
+            mem.verdict = None
+            mem.window.clear()
+            mem.cooldown_until = time.monotonic() + spec.stragglers.window_seconds
+        if plan.requeue_after is not None:
+            self.queue.add_after(mem.key, plan.requeue_after)
+
+    async def _write_world(self, mem: JobMemory, job: dict[str, Any], world: World, *,
+                           create_only: bool = False) -> str | None:
+        ns, name = mem.key
+        body = build_world_map(job, world)
+        path = CONFIG_MAP.path(ns, world_map_name(name))
+        created: str | None = None
+        if create_only:
+            if await self.kube.create_if_absent(CONFIG_MAP.path(ns), body):
+                was_lost = ("World", world_map_name(name)) in mem.lost and world.version > 0
+                created = (REPAIRED if was_lost else "") + f"ConfigMap {world_map_name(name)}"
+        else:
+            try:
+                await self.kube.patch(path, {"data": body["data"]})
+            except ApiError as e:
+                if e.status != 404:
+                    raise
+                await self.kube.create(CONFIG_MAP.path(ns), body)
+        mem.world = world
+        mem.ensured.add(("ConfigMap", world_map_name(name)))
+        mem.lost.discard(("World", world_map_name(name)))
+        mem.lost.discard(("ConfigMap", world_map_name(name)))
+        return created
+
+    async def _patch_status(self, mem: JobMemory, job: dict[str, Any], status: TrainingJobStatus) -> bool:
+        ns, name = mem.key
+        try:
+            await self.kube.patch(job_path(ns, name, "status"), {"status": to_dict(status)})
+        except ApiError as e:
+            if e.status == 404:
+                return False  # deleted meanwhile; the DELETED event cleans up
+            raise
+        mem.status = status
+        mem.written = to_dict(status)
+        return True
+
+    async def _delete_pods(self, mem: JobMemory, plan: Plan) -> dict[str, list[str]]:
+        ns = mem.key[0]
+        names = list(plan.delete)
+        results = await gather_limited([self.kube.delete(POD.path(ns, n)) for n in names],
+                                       self.settings.api_concurrency)
+        out: dict[str, list[str]] = {}
+        for n, r in zip(names, results, strict=True):
+            if isinstance(r, BaseException):
+                raise r
+            if r:
+                self.metrics.pods_deleted.inc()
+                out.setdefault(plan.delete[n], []).append(n)
+        return out
+
+    async def _create_pods(self, mem: JobMemory, job: dict[str, Any], spec: TrainingJobSpec, plan: Plan,
+                           gang_fields: dict[str, Any]) -> list[str]:
+        ns = mem.key[0]
+        pods = [build_worker_pod(job, spec, r.index, default_image=self.settings.default_image, gang=gang_fields,
+                                 replaces=r.replaces, avoid=list(r.avoid_nodes)) for r in plan.create]
+        results = await gather_limited([self.kube.create_if_absent(POD.path(ns), p) for p in pods],
+                                       self.settings.api_concurrency)
+        created = []
+        for pod, r in zip(pods, results, strict=True):
+            if isinstance(r, BaseException):
+                raise r
+            if r:
+                self.metrics.pods_created.inc()
+                created.append(pod["metadata"]["name"])
+        return created
+
+
+def _parse_status(job: dict[str, Any]) -> TrainingJobStatus:
+    try:
+        return parse(TrainingJobStatus, job.get("status") or {}, "status")
+    except ValidationError as e:
+        log.warning("status of %s/%s unreadable (%s); starting from an empty status",
+                    job["metadata"].get("namespace"), job["metadata"].get("name"), e)
+        return TrainingJobStatus()
+
+
