@@ -81,17 +81,19 @@ up() {
   # (which the pods would inherit).
   cd "$HACK_DIR"
   setsid "${cmd[@]}" >>"$LOGS/processnodes.log" 2>&1 < /dev/null &
-  echo "$!" > "$PIDFILE"
+  local pid=$! i
+  echo "$pid" > "$PIDFILE"
   printf '%s ' "${cmd[@]}" > "$PIDFILE.cmd"
-  local i
+  # Plain kill -0 here: until the child has exec'd, its cmdline is still bash's.
   for ((i = 0; i < 150; i++)); do
-    [[ -f $STATE/daemon.json ]] && { log "process nodes up: $(running_nodes) nodes (pid $(cat "$PIDFILE"))"; return 0; }
-    pid_alive "$PIDFILE" || break
+    [[ -f $STATE/daemon.json ]] && { log "process nodes up: $(running_nodes) nodes (pid $pid)"; return 0; }
+    kill -0 "$pid" 2>/dev/null || break
     sleep 0.2
   done
   printf 'error: process nodes did not start; the end of %s:\n' "$LOGS/processnodes.log" >&2
   tail -n 20 "$LOGS/processnodes.log" | sed 's/^/    /' >&2
-  stop_daemon >/dev/null 2>&1 || true
+  kill -TERM "$pid" 2>/dev/null || true
+  rm -f "$PIDFILE" "$PIDFILE.cmd"
   exit 1
 }
 

@@ -29,6 +29,7 @@ from typing import Any
 from . import kube
 from .container import kill_group
 from .ipam import Ipam, process_id
+from .kubeletapi import KubeletServer
 from .nodes import NodeConfig, NodeSet
 from .pod import PodRuntime
 from .provisioner import Provisioner
@@ -92,6 +93,13 @@ class Daemon:
         with self._lock:
             for subs in self.subscribers.values():
                 subs.discard(rt)
+
+    def container_running(self, ns: str, name: str, container: str) -> bool:
+        """Whether the container may still write to its log (for `kubectl logs -f`)."""
+        with self._lock:
+            runtimes = [rt for rt in self.runtimes.values() if rt.ns == ns and rt.name == name]
+        return any(not c.finished.is_set() for rt in runtimes for c in rt.containers if c.spec["name"] == container) \
+            or any(not rt.containers for rt in runtimes)
 
     def pod_dir(self, node: str, uid: str) -> Path:
         return self.state_dir / "pods" / node / uid
@@ -181,7 +189,7 @@ class Daemon:
         status = pod_status(pod, states, [], pod_ip=st.get("podIP", ""), host_ip=self.host_ip,
                             start_time=st.get("startTime", ""), sandbox_ready=False, initialized=True,
                             reason="NodeRestarted", message="the process-node daemon restarted; the pod's processes "
-                            "are gone", failed=True)
+                            "did not survive it", failed=True)
         try:
             self.api.patch(kube.pod_path(md["namespace"], md["name"], "status"),
                            {"metadata": {"uid": md["uid"]}, "status": status})
@@ -216,6 +224,12 @@ class Daemon:
         threading.Thread(target=target, args=args, name=name, daemon=True).start()
 
     def run(self) -> None:
+        try:
+            server = KubeletServer(self.pod_logs_dir, self.state_dir / "pki", self.container_running)
+            server.start()
+            self.nodes.port = server.port
+        except Exception as e:  # `kubectl logs` will not work; hack/processnodes.sh logs still does
+            log.warning("kubelet API (for kubectl logs) not started: %s", e)
         self.provisioner.ensure_class()
         self.provisioner.clean_released()
         self.nodes.register()

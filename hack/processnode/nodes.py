@@ -80,7 +80,8 @@ def node_status(name: str, cfg: NodeConfig, kubelet_version: str, host_ip: str, 
             cond("PIDPressure", "False", "KubeletHasSufficientPID", "process node"),
             cond("Ready", "True", "KubeletReady", "process node is running pods as local processes"),
         ],
-        "addresses": [{"type": "InternalIP", "address": host_ip}, {"type": "Hostname", "address": name}],
+        # No Hostname address: the API server would prefer it for `kubectl logs`, and it does not resolve.
+        "addresses": [{"$patch": "replace"}, {"type": "InternalIP", "address": host_ip}],
         "daemonEndpoints": {"kubeletEndpoint": {"Port": port}},
         "nodeInfo": {
             "machineID": machine_id, "systemUUID": f"{machine_id}-{name}",
