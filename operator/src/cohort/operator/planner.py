@@ -114,6 +114,9 @@ def plan_job(x: Inputs) -> Plan:
                         warning=True)
     existing = {v.name for v in ours}
     st.retiring = [n for n in st.retiring if n in existing]
+    for v in ours:
+        if v.name in st.retiring:
+            p.remove(v, "replaced")  # counted before a restart, not yet deleted: finish the job
     st.pod_index = max([st.pod_index] + [v.index + 1 for v in ours])
     st.observed_generation = generation
     st.selector = selector_string(meta["name"])

@@ -97,7 +97,7 @@ def avoid_nodes(affinity: Mapping[str, Any], nodes: list[str]) -> dict[str, Any]
     required = out.setdefault("nodeAffinity", {}).setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
     terms = required.setdefault("nodeSelectorTerms", [])
     if not terms:
-        terms.append({"matchExpressions": [rule]})
+        terms.append({})
     for term in terms:
         term.setdefault("matchExpressions", []).append(copy.deepcopy(rule))
     return out

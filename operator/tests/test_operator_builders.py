@@ -1,0 +1,193 @@
+"""The pure builders: worker pod, owned objects, job config (docs/contracts.md §1-§2)."""
+
+from __future__ import annotations
+
+import json
+
+from cohort.operator.api.models import TrainingJobSpec
+from cohort.operator.api.schema import parse
+from cohort.operator.jobconfig import build_job_config, render_job_config
+from cohort.operator.manifests import build_config_map, build_pdb, build_service, build_worker_rbac, build_world_map
+from cohort.operator.pods import avoid_nodes, build_worker_pod
+from cohort.operator.world import Member, World
+
+
+def make_job(name: str = "digits", spec: dict | None = None) -> dict:
+    """A stored TrainingJob: every default applied (as in conftest.make_job)."""
+    from cohort.operator.api.schema import to_dict
+
+    return {"apiVersion": "cohort.dev/v1alpha1", "kind": "TrainingJob",
+            "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "generation": 1},
+            "spec": to_dict(parse(TrainingJobSpec, spec or {}))}
+
+
+def pod_for(spec: dict | None = None, **kwargs):
+    job = make_job(spec=spec)
+    return build_worker_pod(job, parse(TrainingJobSpec, job["spec"]), 3, default_image="img:default", **kwargs)
+
+
+def env_of(pod) -> dict:
+    return {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+
+
+def test_pod_has_deterministic_name_labels_and_controller_owner():
+    pod = pod_for()
+    meta = pod["metadata"]
+    assert meta["name"] == "digits-worker-3"
+    assert meta["labels"]["cohort.dev/job"] == "digits"
+    assert meta["labels"]["cohort.dev/role"] == "worker"
+    for key in ("name", "instance", "component", "managed-by", "part-of"):
+        assert f"app.kubernetes.io/{key}" in meta["labels"]
+    (owner,) = meta["ownerReferences"]
+    assert owner == {"apiVersion": "cohort.dev/v1alpha1", "kind": "TrainingJob", "name": "digits",
+                     "uid": "uid-digits", "controller": True, "blockOwnerDeletion": True}
+
+
+def test_pod_follows_the_contract_env_ports_probe_and_config_mount():
+    pod = pod_for()
+    c = pod["spec"]["containers"][0]
+    assert c["name"] == "trainer" and c["command"] == ["cohort-train"]
+    assert c["args"] == ["--config", "/etc/cohort/job.json"]
+    env = env_of(pod)
+    assert env["COHORT_CONFIG"]["value"] == "/etc/cohort/job.json"
+    assert env["COHORT_JOB_NAME"]["value"] == "digits"
+    assert env["COHORT_WORLD"]["value"] == "configmap:digits-world"
+    assert env["COHORT_METRICS_PORT"]["value"] == "9400" and env["COHORT_RDZV_PORT"]["value"] == "29400"
+    for var, path in (("COHORT_NAMESPACE", "metadata.namespace"), ("COHORT_POD_NAME", "metadata.name"),
+                      ("COHORT_POD_UID", "metadata.uid"), ("COHORT_POD_IP", "status.podIP")):
+        assert env[var]["valueFrom"]["fieldRef"]["fieldPath"] == path
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": 9400, "rendezvous": 29400}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert mounts["/etc/cohort"]["readOnly"] is True
+    vols = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert vols[mounts["/etc/cohort"]["name"]]["configMap"]["name"] == "digits-config"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["serviceAccountName"] == "digits-worker"
+    assert c["image"] == "img:default"
+
+
+def test_pod_is_restricted():
+    pod = pod_for()
+    sc = pod["spec"]["containers"][0]["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["runAsNonRoot"] is True and sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    psc = pod["spec"]["securityContext"]
+    assert psc["runAsNonRoot"] is True and psc["runAsUser"] != 0
+    assert psc["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_checkpoint_volume_default_named_and_url():
+    def ckpt(pod):
+        mounts = [m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "cohort-checkpoints"]
+        vols = [v for v in pod["spec"]["volumes"] if v["name"] == "cohort-checkpoints"]
+        return mounts, vols
+
+    mounts, vols = ckpt(pod_for())
+    assert mounts[0]["mountPath"] == "/checkpoints" and "emptyDir" in vols[0]
+    mounts, vols = ckpt(pod_for({"checkpoint": {"path": "/ckpt", "volume": {"persistentVolumeClaim": {"claimName": "c"}}}}))
+    assert mounts[0]["mountPath"] == "/ckpt" and vols[0]["persistentVolumeClaim"] == {"claimName": "c"}
+    assert ckpt(pod_for({"checkpoint": {"path": "s3://bucket/ckpt"}})) == ([], [])
+
+
+def test_resources_and_scheduling_pass_through():
+    pod = pod_for({
+        "image": "trainer:1",
+        "resources": {"limits": {"nvidia.com/gpu": 1}},
+        "scheduling": {"schedulerName": "sched", "priorityClassName": "high", "nodeSelector": {"type": "kwok"},
+                       "tolerations": [{"key": "k", "operator": "Exists"}],
+                       "affinity": {"podAntiAffinity": {"x": 1}}},
+    })
+    spec = pod["spec"]
+    assert spec["containers"][0]["image"] == "trainer:1"
+    assert spec["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+    assert spec["schedulerName"] == "sched" and spec["priorityClassName"] == "high"
+    assert spec["nodeSelector"] == {"type": "kwok"}
+    assert spec["tolerations"] == [{"key": "k", "operator": "Exists"}]
+    assert spec["affinity"] == {"podAntiAffinity": {"x": 1}}
+
+
+def test_pod_template_is_merged_but_cannot_override_the_contract():
+    pod = pod_for({"podTemplate": {
+        "metadata": {"labels": {"team": "ml", "cohort.dev/job": "other"}, "annotations": {"a": "b"}},
+        "spec": {
+            "serviceAccountName": "custom", "imagePullSecrets": [{"name": "reg"}],
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            "containers": [{"env": [{"name": "COHORT_FAULT_KILL", "value": "rank=1,step=5"},
+                                    {"name": "COHORT_WORLD", "value": "file:/x"}],
+                            "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+        }}})
+    meta, spec = pod["metadata"], pod["spec"]
+    assert meta["labels"]["team"] == "ml" and meta["labels"]["cohort.dev/job"] == "digits"
+    assert meta["annotations"]["a"] == "b"
+    assert spec["serviceAccountName"] == "custom"
+    assert spec["imagePullSecrets"] == [{"name": "reg"}]
+    assert any(v["name"] == "data" for v in spec["volumes"])
+    assert any(m["mountPath"] == "/data" for m in spec["containers"][0]["volumeMounts"])
+    env = env_of(pod)
+    assert env["COHORT_FAULT_KILL"]["value"] == "rank=1,step=5"
+    assert env["COHORT_WORLD"]["value"] == "configmap:digits-world"
+
+
+def test_replacement_avoids_the_straggler_node_in_every_term():
+    pod = pod_for(replaces="digits-worker-1", avoid=["node-a"])
+    assert pod["metadata"]["annotations"]["cohort.dev/replaces"] == "digits-worker-1"
+    terms = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["node-a"]}]}]
+    user = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}]}}}
+    merged = avoid_nodes(user, ["n1"])
+    for term in merged["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]:
+        assert term["matchExpressions"][-1]["values"] == ["n1"]
+    assert len(user["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+               ["matchExpressions"]) == 1  # the input is not mutated
+
+
+def test_gang_fields_are_applied():
+    pod = pod_for(gang={"labels": {"scheduling.x-k8s.io/pod-group": "digits"},
+                        "spec": {"schedulingGroup": {"podGroupName": "digits"}}})
+    assert pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == "digits"
+    assert pod["spec"]["schedulingGroup"] == {"podGroupName": "digits"}
+
+
+def test_job_config_is_the_stored_spec_verbatim():
+    job = make_job(spec={"replicas": {"min": 1, "max": 2, "target": 2}})
+    doc = build_job_config(job)
+    assert doc["apiVersion"] == "cohort.dev/v1alpha1" and doc["kind"] == "JobConfig"
+    assert doc["job"] == {"name": "digits", "namespace": "ns", "uid": "uid-digits"}
+    assert doc["spec"] == job["spec"]
+    assert doc["runtime"] == {"metricsPort": 9400, "rendezvousPort": 29400}
+    assert json.loads(render_job_config(job)) == doc
+    assert json.loads(build_config_map(job)["data"]["job.json"]) == doc
+
+
+def test_service_pdb_rbac_and_world_map():
+    job = make_job(spec={"replicas": {"min": 3, "max": 8, "target": 4}})
+    spec = parse(TrainingJobSpec, job["spec"])
+    svc = build_service(job)
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["selector"] == {"cohort.dev/job": "digits", "cohort.dev/role": "worker"}
+    pdb = build_pdb(job, spec)
+    assert pdb["spec"]["minAvailable"] == 3
+    sa, role, binding = build_worker_rbac(job, spec)
+    assert sa["kind"] == "ServiceAccount"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["digits-world"],
+                              "verbs": ["get", "watch", "list"]}]
+    assert binding["subjects"][0]["name"] == "digits-worker"
+    for obj in (svc, pdb, sa, role, binding):
+        assert obj["metadata"]["ownerReferences"][0]["controller"] is True
+    world = World(version=2, members=(Member("a", "u1", "10.0.0.1"), Member("b", "u2", "10.0.0.2")),
+                  spares=(Member("c", "u3", "10.0.0.3"),), reason="r")
+    data = json.loads(build_world_map(job, world)["data"]["world.json"])
+    assert data["version"] == 2 and data["master"] == {"addr": "10.0.0.1", "port": 29400}
+    assert [m["rank"] for m in data["members"]] == [0, 1]
+    assert data["spares"] == [{"pod": "c", "uid": "u3", "ip": "10.0.0.3"}] and data["plan"] is None
+
+
+def test_rbac_binds_a_user_service_account():
+    job = make_job(spec={"podTemplate": {"spec": {"serviceAccountName": "mine"}}})
+    objs = build_worker_rbac(job, parse(TrainingJobSpec, job["spec"]))
+    assert [o["kind"] for o in objs] == ["Role", "RoleBinding"]
+    assert objs[1]["subjects"][0]["name"] == "mine"

@@ -1,0 +1,102 @@
+"""Leader election decisions, gang API choice, pod views, the work queue."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+
+from cohort.operator.api.models import TrainingJobSpec
+from cohort.operator.api.schema import parse
+from cohort.operator.gang import CANDIDATES, build_gang_object, choose_gang_api, gang_pod_fields
+from cohort.operator.leader import claim
+from cohort.operator.observe import view_pod
+from cohort.operator.workqueue import WorkQueue
+
+NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
+
+
+def lease(holder: str, renewed_s_ago: float, duration: int = 15) -> dict:
+    t = (NOW - dt.timedelta(seconds=renewed_s_ago)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return {"spec": {"holderIdentity": holder, "renewTime": t, "acquireTime": t, "leaseDurationSeconds": duration,
+                     "leaseTransitions": 2}}
+
+
+def test_lease_claim():
+    assert claim(None, "me", 15, NOW)["holderIdentity"] == "me"
+    assert claim(lease("other", 5), "me", 15, NOW) is None
+    taken = claim(lease("other", 20), "me", 15, NOW)
+    assert taken["holderIdentity"] == "me" and taken["leaseTransitions"] == 3
+    renewed = claim(lease("me", 5), "me", 15, NOW)
+    assert renewed["leaseTransitions"] == 2 and renewed["acquireTime"] == lease("me", 5)["spec"]["acquireTime"]
+
+
+def test_gang_api_preference():
+    assert choose_gang_api(set()) is None
+    served = {("scheduling.volcano.sh/v1beta1", "podgroups"), ("scheduling.x-k8s.io/v1alpha1", "podgroups")}
+    assert choose_gang_api(served).flavour == "scheduler-plugins"
+    served.add(("scheduling.k8s.io/v1alpha2", "podgroups"))
+    assert choose_gang_api(served).flavour == "native"
+    assert choose_gang_api({("scheduling.k8s.io/v1alpha1", "workloads")}).flavour == "native-workload"
+    assert choose_gang_api({("scheduling.k8s.io/v1", "priorityclasses")}) is None
+
+
+def test_gang_objects_and_pod_fields():
+    spec = parse(TrainingJobSpec, {"replicas": {"min": 3, "max": 4, "target": 4}})
+    job = {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}}
+    by = {c.flavour: c for c in CANDIDATES}
+    assert build_gang_object(by["scheduler-plugins"], job, spec)["spec"] == {"minMember": 3}
+    assert build_gang_object(by["native"], job, spec)["spec"] == {"schedulingPolicy": {"gang": {"minCount": 3}}}
+    wl = build_gang_object(by["native-workload"], job, spec)
+    assert wl["kind"] == "Workload" and wl["spec"]["podGroups"][0]["policy"] == {"gang": {"minCount": 3}}
+    assert gang_pod_fields(by["scheduler-plugins"], "j", spec) == {"labels": {"scheduling.x-k8s.io/pod-group": "j"}}
+    volcano = gang_pod_fields(by["volcano"], "j", spec)
+    assert volcano["annotations"] == {"scheduling.k8s.io/group-name": "j"} and volcano["spec"]["schedulerName"] == "volcano"
+    assert gang_pod_fields(by["native"], "j", spec)["spec"] == {"schedulingGroup": {"podGroupName": "j"}}
+
+
+def test_view_pod_states():
+    owner = [{"controller": True, "uid": "job"}]
+
+    def p(phase: str, **kw) -> dict:
+        status = {"phase": phase, "podIP": "10.0.0.1", **kw.pop("status", {})}
+        return {"metadata": {"name": "j-worker-4", "uid": "u", "ownerReferences": owner, **kw}, "status": status}
+
+    ready = view_pod(p("Running", status={"conditions": [{"type": "Ready", "status": "True"}]}), "job")
+    assert ready.ready and ready.active and ready.owned and ready.index == 4
+    failed = view_pod(p("Failed", status={"containerStatuses": [
+        {"name": "trainer", "state": {"terminated": {"exitCode": 137, "reason": "Error"}}}]}), "job")
+    assert failed.failed and not failed.active and failed.exit_code == 137
+    done = view_pod(p("Succeeded", status={"containerStatuses": [
+        {"name": "trainer", "state": {"terminated": {"exitCode": 0, "message": '{"step": 9}'}}}]}), "job")
+    assert done.succeeded and done.termination_summary() == {"step": 9}
+    going = view_pod(p("Running", deletionTimestamp="2026-01-01T00:00:00Z",
+                       status={"conditions": [{"type": "Ready", "status": "True"}]}), "job")
+    assert going.terminating and not going.ready
+    assert not view_pod(p("Running"), "other-job").owned
+
+
+def test_work_queue_dedupes_and_reprocesses_keys_marked_dirty_meanwhile():
+    async def main() -> list[str]:
+        q = WorkQueue()
+        seen: list[str] = []
+        gate = asyncio.Event()
+
+        async def process(key):
+            seen.append(key)
+            if len(seen) == 1:
+                q.add("a")  # dirty while processing: once more afterwards
+                await gate.wait()
+
+        q.add("a")
+        q.add("a")
+        q.add_after("b", 0.05)
+        q.add_after("b", 10)  # a later timer does not replace an earlier one
+        task = asyncio.create_task(q.run(process, workers=2))
+        await asyncio.sleep(0.1)
+        gate.set()
+        await asyncio.sleep(0.05)
+        task.cancel()
+        return seen
+
+    seen = asyncio.run(main())
+    assert sorted(seen) == ["a", "a", "b"]

@@ -1,0 +1,276 @@
+"""Lifecycle decisions of one reconcile (issue 3 §4, contract §3), without a cluster."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+
+import pytest
+
+from cohort.operator.api.models import TrainingJobSpec, TrainingJobStatus
+from cohort.operator.api.schema import parse
+from cohort.operator.lifecycle import fmt_time, get_condition
+from cohort.operator.observe import PodView
+from cohort.operator.planner import Inputs, Plan, plan_job
+from cohort.operator.stragglers import Straggler
+from cohort.operator.world import Member, World
+
+NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
+
+
+def pod(i: int, *, ready: bool = True, **kw) -> PodView:
+    name = f"j-worker-{i}"
+    return PodView(name=name, uid=f"u{i}", index=i, ip=f"10.0.0.{i}", node=kw.pop("node", "n1"),
+                   phase=kw.pop("phase", "Running"), ready=ready, **kw)
+
+
+def world(version: int, *idx: int, spares: tuple[int, ...] = ()) -> World:
+    return World(version=version, members=tuple(Member(f"j-worker-{i}", f"u{i}", f"10.0.0.{i}") for i in idx),
+                 spares=tuple(Member(f"j-worker-{i}", f"u{i}", f"10.0.0.{i}") for i in spares))
+
+
+def run(pods, *, spec=None, status=None, w=None, now=NOW, **kw) -> Plan:
+    raw = {"replicas": {"min": 2, "max": 4, "target": 2},
+           "faultTolerance": {"backoffSeconds": 10, "maxBackoffSeconds": 60, "maxRestarts": 3,
+                              "belowMinTimeoutSeconds": 100}}
+    for k, v in (spec or {}).items():
+        raw[k] = {**raw.get(k, {}), **v} if isinstance(v, dict) else v
+    job = {"metadata": {"name": "j", "namespace": "ns", "uid": "job-uid", "generation": 7}, "spec": raw}
+    st = status or TrainingJobStatus(start_time=fmt_time(now))
+    return plan_job(Inputs(job=job, spec=parse(TrainingJobSpec, raw), status=st, world=w or World(), pods=list(pods),
+                           now=now, **kw))
+
+
+def reasons(plan: Plan) -> list[str]:
+    return [e.reason for e in plan.events]
+
+
+def running(version=1, *idx, **kw) -> TrainingJobStatus:
+    st = TrainingJobStatus(phase="Running", start_time=fmt_time(NOW - dt.timedelta(seconds=30)), pod_index=max(idx) + 1)
+    for k, v in kw.items():
+        setattr(st, k, v)
+    return st
+
+
+def test_new_job_creates_target_plus_spares_and_stays_pending():
+    plan = run([], spec={"replicas": {"spares": 1}})
+    assert [r.index for r in plan.create] == [0, 1, 2]
+    assert plan.status.pod_index == 3
+    assert plan.status.phase == "Pending"
+    assert plan.status.start_time and plan.status.below_min_since
+    assert plan.world is None
+    assert get_condition(plan.status.conditions, "Running").status == "False"
+    assert plan.status.selector == "cohort.dev/job=j,cohort.dev/role=worker"
+
+
+def test_min_ready_forms_the_world_and_runs():
+    plan = run([pod(0), pod(1), pod(2, ready=False)], spec={"replicas": {"target": 3}},
+               status=TrainingJobStatus(pod_index=3, start_time=fmt_time(NOW)))
+    assert plan.world.version == 1 and plan.world.names == ["j-worker-0", "j-worker-1"]
+    assert plan.status.phase == "Running"
+    assert {"WorldPublished", "Running"} <= set(reasons(plan))
+    cond = get_condition(plan.status.conditions, "Running")
+    assert cond.status == "True" and cond.observed_generation == 7
+    assert get_condition(plan.status.conditions, "Ready").status == "False"  # 2 of 3
+    assert plan.status.replicas.active == 2 and plan.status.replicas.desired == 3
+    assert plan.create == []
+
+
+def test_failed_member_leaves_the_world_at_once_and_is_replaced_after_backoff():
+    plan = run([pod(0), pod(1, ready=False, phase="Failed", failed=True, exit_code=137)],
+               status=running(1, 0, 1), w=world(1, 0, 1))
+    assert plan.status.restarts == 1 and plan.status.replacements.failure == 1
+    assert plan.delete == {"j-worker-1": "failed"}
+    assert plan.world.version == 2 and plan.world.members == ()  # below min: survivors wait
+    assert "j-worker-1" in plan.status.retiring
+    assert plan.create == [] and plan.requeue_after == pytest.approx(10)
+    assert plan.status.phase == "Recovering"
+    assert "WorkerFailed" in reasons(plan)
+    # Backoff over: the replacement is created; the failure is not counted twice.
+    later = run([pod(0), pod(1, ready=False, phase="Failed", failed=True, terminating=True)],
+                status=plan.status, w=plan.world, now=NOW + dt.timedelta(seconds=11))
+    assert later.status.restarts == 1
+    assert [r.index for r in later.create] == [2]
+
+
+def test_backoff_is_exponential_and_capped():
+    st = running(1, 0, 1, restarts=2)
+    plan = run([pod(0), pod(1, failed=True, ready=False, phase="Failed")], status=st, w=world(1, 0, 1),
+               spec={"faultTolerance": {"maxRestarts": 10, "maxBackoffSeconds": 30}})
+    assert plan.status.backoff_until == fmt_time(NOW + dt.timedelta(seconds=30))  # 10 * 2**2 = 40, capped
+
+
+def test_spare_is_promoted_immediately():
+    plan = run([pod(0), pod(1, failed=True, ready=False, phase="Failed"), pod(2)],
+               spec={"replicas": {"spares": 1}}, status=running(1, 0, 1, 2), w=world(1, 0, 1, spares=(2,)))
+    assert plan.world.names == ["j-worker-0", "j-worker-2"] and plan.world.version == 2
+    assert "SparePromoted" in reasons(plan)
+
+
+def test_too_many_restarts_fails_the_job():
+    plan = run([pod(0), pod(1, failed=True, ready=False, phase="Failed")], status=running(1, 0, 1, restarts=3),
+               w=world(1, 0, 1))
+    assert plan.status.phase == "Failed"
+    cond = get_condition(plan.status.conditions, "Failed")
+    assert cond.status == "True" and cond.reason == "TooManyRestarts"
+    assert set(plan.delete) == {"j-worker-0", "j-worker-1"}
+    assert plan.status.completion_time
+
+
+def test_deleted_member_is_replaced_without_backoff_or_restart_count():
+    plan = run([pod(0), pod(1, terminating=True, ready=False)], status=running(1, 0, 1), w=world(1, 0, 1))
+    assert plan.status.restarts == 0
+    assert "was deleted" in plan.world.reason
+    assert [r.index for r in plan.create] == [2]
+    assert "WorkerLost" in reasons(plan)
+
+
+@pytest.mark.parametrize("policy,done,expect", [
+    ("rank0", {0}, "Succeeded"), ("rank0", {1}, "Running"), ("all", {0}, "Running"), ("all", {0, 1}, "Succeeded")])
+def test_success_policy(policy, done, expect):
+    pods = [pod(i, ready=i not in done, phase="Succeeded" if i in done else "Running", succeeded=i in done,
+                exit_code=0 if i in done else None,
+                message='{"step": 100, "epoch": 3, "loss": 0.1, "accuracy": 0.97}' if i in done else "")
+            for i in (0, 1)]
+    plan = run(pods, spec={"runPolicy": {"successPolicy": policy}}, status=running(1, 0, 1), w=world(1, 0, 1))
+    assert plan.status.phase == expect
+    if expect == "Succeeded":
+        assert get_condition(plan.status.conditions, "Succeeded").status == "True"
+        assert plan.status.progress.step == 100 and plan.status.progress.accuracy == 0.97
+        assert all(plan.delete[n] == "job Succeeded" for n in plan.delete)
+        assert all(f"j-worker-{i}" not in plan.delete for i in done)
+    else:
+        assert plan.world is None and plan.create == []  # completing: membership frozen
+
+
+def test_ttl_after_finished_deletes_the_job():
+    st = TrainingJobStatus(phase="Succeeded", completion_time=fmt_time(NOW - dt.timedelta(seconds=5)))
+    assert run([], status=st, spec={"runPolicy": {"ttlSecondsAfterFinished": 10}}).requeue_after == pytest.approx(5)
+    assert run([], status=st, spec={"runPolicy": {"ttlSecondsAfterFinished": 2}}).delete_job
+    assert not run([], status=st).delete_job
+
+
+def test_suspend_deletes_pods_publishes_an_empty_world_and_resume_recreates():
+    plan = run([pod(0), pod(1)], spec={"runPolicy": {"suspend": True}}, status=running(1, 0, 1, restarts=1),
+               w=world(1, 0, 1))
+    assert plan.status.phase == "Suspended" and plan.status.restarts == 1
+    assert set(plan.delete) == {"j-worker-0", "j-worker-1"}
+    assert plan.world.version == 2 and plan.world.members == ()
+    assert get_condition(plan.status.conditions, "Suspended").status == "True"
+    resumed = run([], status=plan.status, w=plan.world, now=NOW + dt.timedelta(seconds=60))
+    assert "Resumed" in reasons(resumed)
+    assert [r.index for r in resumed.create] == [2, 3]
+    assert resumed.status.phase == "Pending"
+    assert resumed.status.start_time == fmt_time(NOW + dt.timedelta(seconds=60))
+
+
+def test_active_deadline():
+    st = running(1, 0, 1)
+    st.start_time = fmt_time(NOW - dt.timedelta(seconds=100))
+    plan = run([pod(0), pod(1)], status=st, w=world(1, 0, 1), spec={"runPolicy": {"activeDeadlineSeconds": 50}})
+    assert plan.status.phase == "Failed"
+    assert get_condition(plan.status.conditions, "Failed").reason == "DeadlineExceeded"
+    ok = run([pod(0), pod(1)], status=st, w=world(1, 0, 1), spec={"runPolicy": {"activeDeadlineSeconds": 150}})
+    assert ok.status.phase == "Running" and ok.requeue_after == pytest.approx(50)
+
+
+def test_below_min_timeout_fails():
+    st = TrainingJobStatus(pod_index=2, start_time=fmt_time(NOW), below_min_since=fmt_time(NOW - dt.timedelta(seconds=99)))
+    assert run([pod(0), pod(1, ready=False)], status=st).requeue_after == pytest.approx(1)
+    st.below_min_since = fmt_time(NOW - dt.timedelta(seconds=101))
+    plan = run([pod(0), pod(1, ready=False)], status=st)
+    assert plan.status.phase == "Failed"
+    assert get_condition(plan.status.conditions, "Failed").reason == "BelowMinTimeout"
+
+
+def test_scale_down_publishes_first_and_deletes_the_newest():
+    pods = [pod(0), pod(1), pod(2), pod(3)]
+    plan = run(pods, spec={"replicas": {"target": 2}}, status=running(1, 0, 1, 2, 3), w=world(1, 0, 1, 2, 3))
+    assert plan.world.names == ["j-worker-0", "j-worker-1"]
+    assert set(plan.delete) == {"j-worker-2", "j-worker-3"}
+    assert plan.status.replicas.active == 2
+
+
+def test_scale_up_creates_pods_and_admits_them_when_ready():
+    plan = run([pod(0), pod(1)], spec={"replicas": {"target": 4}}, status=running(1, 0, 1), w=world(1, 0, 1))
+    assert [r.index for r in plan.create] == [2, 3] and plan.world is None
+    assert plan.status.phase == "Running"  # a scale-up is not a recovery
+    later = run([pod(0), pod(1), pod(2), pod(3)], spec={"replicas": {"target": 4}}, status=plan.status,
+                w=world(1, 0, 1))
+    assert later.world.names == ["j-worker-0", "j-worker-1", "j-worker-2", "j-worker-3"]
+
+
+def test_extra_pods_are_deleted():
+    plan = run([pod(0), pod(1), dataclasses.replace(pod(7), owned=False, name="intruder")],
+               status=running(1, 0, 1), w=world(1, 0, 1))
+    assert plan.delete == {"intruder": "carries the job's labels but was not created for it"}
+    assert "ExtraPodDeleted" in reasons(plan)
+
+
+def test_pod_index_never_goes_back():
+    st = running(1, 0, 1)
+    st.pod_index = 0  # e.g. a status lost behind the operator's back
+    plan = run([pod(0), pod(5, ready=False)], status=st, w=world(1, 0))
+    assert plan.status.pod_index >= 6
+    assert all(r.index >= 6 for r in plan.create)
+
+
+def test_steady_state_is_a_no_op():
+    first = run([pod(0), pod(1)], status=running(1, 0, 1), w=world(1, 0, 1))
+    again = run([pod(0), pod(1)], status=first.status, w=world(1, 0, 1))
+    assert again.world is None and again.create == [] and again.delete == {} and again.events == []
+    assert again.status == first.status
+
+
+def test_straggler_replace_flow():
+    verdict = Straggler(pod="j-worker-1", mean_s=0.4, reference_s=0.1)
+    spec = {"replicas": {"target": 3, "max": 4}}
+    pods = [pod(0), pod(1, node="slow"), pod(2)]
+    st = running(1, 0, 1, 2)
+    plan = run(pods, spec=spec, status=st, w=world(1, 0, 1, 2), straggler=verdict)
+    (req,) = plan.create
+    assert req.replaces == "j-worker-1" and req.avoid_nodes == ("slow",) and req.index == 3
+    assert plan.straggler_handled and "StragglerDetected" in reasons(plan)
+    # The replacement starts: nothing changes, and it is not a surplus pod.
+    starting = pods + [pod(3, ready=False, node="fast", replaces="j-worker-1")]
+    plan2 = run(starting, spec=spec, status=plan.status, w=world(1, 0, 1, 2))
+    assert plan2.delete == {} and plan2.create == [] and plan2.world is None
+    # Ready: one new version removes the straggler and appends the replacement; then it is deleted.
+    ready = pods + [pod(3, node="fast", replaces="j-worker-1")]
+    plan3 = run(ready, spec=spec, status=plan2.status, w=world(1, 0, 1, 2))
+    assert plan3.world.version == 2 and plan3.world.names == ["j-worker-0", "j-worker-2", "j-worker-3"]
+    assert plan3.delete == {"j-worker-1": "replaced as a straggler"}
+    assert plan3.status.replacements.straggler == 1 and "StragglerReplaced" in reasons(plan3)
+    assert plan3.status.phase == "Running"
+    # A restart after the world was published but before the status: finished exactly once.
+    plan4 = run(ready, spec=spec, status=plan2.status, w=plan3.world)
+    assert plan4.status.replacements.straggler == 1 and "j-worker-1" in plan4.delete
+    plan5 = run(ready, spec=spec, status=plan3.status, w=plan3.world)
+    assert plan5.status.replacements.straggler == 1 and plan5.delete == {"j-worker-1": "replaced"}
+
+
+def test_straggler_ignore_policy_only_reports():
+    verdict = Straggler(pod="j-worker-1", mean_s=0.4, reference_s=0.1)
+    plan = run([pod(0), pod(1)], spec={"stragglers": {"policy": "ignore"}}, status=running(1, 0, 1),
+               w=world(1, 0, 1), straggler=verdict)
+    assert plan.create == [] and plan.delete == {} and plan.straggler_handled
+    assert "StragglerDetected" in reasons(plan)
+
+
+def test_straggler_swapped_with_a_ready_spare():
+    verdict = Straggler(pod="j-worker-0", mean_s=0.4, reference_s=0.1)
+    plan = run([pod(0), pod(1), pod(2)], spec={"replicas": {"spares": 1}}, status=running(1, 0, 1, 2),
+               w=world(1, 0, 1, spares=(2,)), straggler=verdict)
+    assert plan.world.names == ["j-worker-1", "j-worker-2"]
+    assert plan.delete == {"j-worker-0": "replaced as a straggler"}
+    assert [r.index for r in plan.create] == [3]  # the spare is replenished
+
+
+def test_progress_is_copied_into_status():
+    progress = {"step": 42, "epoch": 1, "loss": 0.5, "samplesPerSecond": 1000.0, "plan": "dp=2",
+                "lastCheckpoint": {"step": 40, "location": "/c/j/step-00000040", "time": 1767268800.0}}
+    plan = run([pod(0), pod(1)], status=running(1, 0, 1), w=world(1, 0, 1), progress=progress)
+    pr = plan.status.progress
+    assert (pr.step, pr.epoch, pr.loss, pr.samples_per_second, pr.plan) == (42, 1, 0.5, 1000.0, "dp=2")
+    assert pr.updated_at == fmt_time(NOW)
+    assert plan.status.last_checkpoint.step == 40 and plan.status.last_checkpoint.time.startswith("2026-01-01")
