@@ -66,12 +66,15 @@ class Container(threading.Thread):
     # --- the run loop -------------------------------------------------------------------------
     def run(self) -> None:
         backoff = BACKOFF_FIRST_S
+        config_error = ""
         while not self.stopping:
             try:
                 launch = self.pod.launch(self.spec)
             except ConfigError as e:
                 self._set(state="waiting", reason="CreateContainerConfigError", message=str(e))
-                self.pod.event("Warning", "Failed", f"Error: {e}")
+                if str(e) != config_error:  # one event per distinct problem, not one per retry
+                    self.pod.event("Warning", "Failed", f"Error: {e}")
+                config_error = str(e)
                 self._sleep(2.0)
                 continue
             t0 = time.monotonic()

@@ -131,9 +131,9 @@ class Kube:
                 listing = self.get(path, **(query or {}))
                 fresh = {item["metadata"]["uid"]: item for item in listing.get("items", [])}
                 for uid, item in fresh.items():
-                    handler("MODIFIED" if uid in known else "ADDED", item)
+                    _call(handler, "MODIFIED" if uid in known else "ADDED", item, what)
                 for uid in set(known) - set(fresh):
-                    handler("DELETED", known[uid])
+                    _call(handler, "DELETED", known[uid], what)
                 known = fresh
                 rv = listing["metadata"]["resourceVersion"]
                 for etype, obj in self._watch_stream(path, rv, query):
@@ -146,11 +146,12 @@ class Kube:
                         known.pop(uid, None)
                     else:
                         known[uid] = obj
-                    handler(etype, obj)
+                    _call(handler, etype, obj, what)
             except Exception as e:  # the API server restarted, a timeout, a 410 Gone...
                 if stop.is_set():
                     return
-                log.debug("watch %s: %s; listing again", what, e)
+                quiet = isinstance(e, ApiError) and e.status == 410 or not isinstance(e, ApiError)
+                (log.debug if quiet else log.warning)("watch %s: %s; listing again", what, e)
                 stop.wait(1.0)
 
     def _watch_stream(self, path: str, rv: str, query: dict[str, Any] | None) -> Iterator[tuple[str, Obj]]:
@@ -194,6 +195,14 @@ class Kube:
             self.create(f"/api/v1/namespaces/{ns}/events", body)
         except Exception as e:
             log.debug("event %s for %s/%s not recorded: %s", reason, ns, md["name"], e)
+
+
+def _call(handler: Callable[[str, Obj], None], etype: str, obj: Obj, what: str) -> None:
+    try:
+        handler(etype, obj)
+    except Exception:  # one bad object must not stop the watch
+        md = obj.get("metadata", {})
+        log.exception("watch %s: handling %s %s/%s failed", what, etype, md.get("namespace", ""), md.get("name"))
 
 
 def pod_path(ns: str, name: str, sub: str = "") -> str:

@@ -59,28 +59,35 @@ class PodRuntime(threading.Thread):
         self.reason = self.message = ""
         self.changed = threading.Event()
         self.gone = False  # deleted from the API without us
+        self.deletion_requested = False  # sticky: a later, older view of the pod cannot undo it
         self.shutting_down = False  # the daemon is stopping
         self._grace_deadline: float | None = None
         self._last_status: Obj | None = None
+        if md.get("deletionTimestamp"):
+            self.update(pod)
 
     # --- inputs from the daemon (watch threads) ----------------------------------------------
     def update(self, pod: Obj) -> None:
         self._adopt(pod)
         md = pod["metadata"]
         if md.get("deletionTimestamp"):
+            self.deletion_requested = True
             grace = float(md.get("deletionGracePeriodSeconds") or 0)
             deadline = time.monotonic() + grace
             if self._grace_deadline is None or deadline < self._grace_deadline:
                 self._grace_deadline = deadline  # a second delete may shorten the grace period
         self.notify()
 
-    def _adopt(self, pod: Obj) -> None:
-        """Take the API's view of the pod, but with our addresses (the downward API reads them)."""
+    def _view(self, pod: Obj) -> Obj:
+        """The API's view of the pod, with our addresses (the downward API reads them)."""
         status = dict(pod.get("status") or {})
         if self.ip:
             status.update(podIP=self.ip, podIPs=[{"ip": self.ip}], hostIP=self.d.host_ip,
                           hostIPs=[{"ip": self.d.host_ip}])
-        self.pod = {**pod, "status": status}
+        return {**pod, "status": status}
+
+    def _adopt(self, pod: Obj) -> None:
+        self.pod = self._view(pod)
         if self.volumes is not None:
             self.volumes.pod = self.pod
 
@@ -125,7 +132,7 @@ class PodRuntime(threading.Thread):
     def launch(self, c: Obj) -> Launch:
         """Everything to start container c: argv, env, cwd, with mount paths mapped."""
         assert self.volumes is not None
-        pod = self.pod
+        pod = self._view(self.pod)  # never without our IP, whatever view the watch last brought
         service_env = self.d.service_env()
         env = resolve_env(pod, c, self.d.lookup, service_env, self.d.allocatable)
         term_path = c.get("terminationMessagePath") or DEFAULT_TERMINATION_PATH
@@ -158,7 +165,7 @@ class PodRuntime(threading.Thread):
             self.d.forget(self.uid)
 
     def _deleting(self) -> bool:
-        return self.gone or self.shutting_down or bool(self.pod["metadata"].get("deletionTimestamp"))
+        return self.gone or self.shutting_down or self.deletion_requested
 
     def _wait(self, timeout_s: float = 30.0) -> None:
         self.changed.wait(timeout_s)
@@ -176,7 +183,7 @@ class PodRuntime(threading.Thread):
             if path.exists():  # an earlier pod of the same name: keep its log one generation back
                 os.replace(path, path.with_suffix(".log.previous"))
             path.touch()
-        self.volumes = Volumes(self.pod, self.dir, self.d.cluster_dir, self.d.lookup, self.d.api, self.d.allocatable)
+        self.volumes = Volumes(self._view(self.pod), self.dir, self.d.cluster_dir, self.d.lookup, self.d.api, self.d.allocatable)
         self.d.watch_sources(self, self.volumes.sources())
         while not self._deleting():
             try:
@@ -284,12 +291,11 @@ class PodRuntime(threading.Thread):
         if status == self._last_status:
             return
         try:
-            got = kube.retry(lambda: self.d.api.patch(kube.pod_path(self.ns, self.name, "status"),
-                                                      {"metadata": {"uid": self.uid}, "status": status}),
-                             what=f"status of {self.key}")
+            # The response is not adopted: the watch brings the API's view in order.
+            kube.retry(lambda: self.d.api.patch(kube.pod_path(self.ns, self.name, "status"),
+                                                {"metadata": {"uid": self.uid}, "status": status}),
+                       what=f"status of {self.key}")
             self._last_status = status
-            if got.get("metadata"):
-                self._adopt(got)
         except kube.ApiError as e:
             if e.status == 404 or e.status == 409:
                 self.vanish()

@@ -11,6 +11,7 @@ directory go too (reclaim policy Delete).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 from pathlib import Path
@@ -104,4 +105,6 @@ class Provisioner:
                 raise
         if path.is_relative_to(self.root) and path != self.root:  # never remove anything else
             shutil.rmtree(path, ignore_errors=True)
+            with contextlib.suppress(OSError):  # the namespace's directory, once empty
+                path.parent.rmdir()
             log.info("deleted volume %s and %s", pv["metadata"]["name"], path)
