@@ -89,7 +89,7 @@ def apply_schema(value: Any, schema: dict[str, Any], path: str) -> Any:
     if "maximum" in schema and value > schema["maximum"]:
         raise ConfigError(f"{path}: must be <= {schema['maximum']}, got {value}")
     if "pattern" in schema and not re.fullmatch(schema["pattern"], value):
-        raise ConfigError(f"{path}: {value!r} does not match {schema['pattern']}")
+        raise ConfigError(f"{path}: {value!r} is not valid; expected: {schema.get('description') or schema['pattern']}")
     return value
 
 

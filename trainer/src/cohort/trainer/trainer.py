@@ -85,6 +85,7 @@ class Trainer:
                                  self.spec.checkpoint.keep, self.spec.checkpoint.async_, self.metrics)
         self.ckpt.check_writable()
         self.last_ckpt_time = time.monotonic()
+        self.last_saved_step = -1
 
         self.worlds = world_source_from_env(env, cfg.namespace, self.pod)
         self.static = isinstance(self.worlds, StaticWorld)
@@ -328,13 +329,16 @@ class Trainer:
         log.info("evaluated", extra={"step": self.state.step, "epoch": self.sampler.epoch, **self.eval_result})
         return self.eval_result
 
-    def _maybe_checkpoint(self, force: bool = False) -> None:
+    def _maybe_checkpoint(self, final: bool = False) -> None:
         c = self.spec.checkpoint
+        enabled = c.every_steps > 0 or c.every_seconds > 0
         due = (c.every_steps > 0 and self.state.step % c.every_steps == 0) or \
-            (c.every_seconds > 0 and time.monotonic() - self.last_ckpt_time >= c.every_seconds)
-        if not (due or force) or self.plan is None:
+            (c.every_seconds > 0 and time.monotonic() - self.last_ckpt_time >= c.every_seconds) or \
+            (final and enabled)  # the trained model is kept too
+        if not due or self.plan is None or self.state.step == self.last_saved_step:
             return
         self.last_ckpt_time = time.monotonic()
+        self.last_saved_step = self.state.step
         if self.plan.replicated and self.rank != 0:
             return
         meta = {"worldSize": self.world.size if self.world else 1, "plan": self.plan.describe()}
@@ -343,6 +347,7 @@ class Trainer:
 
     def _finish(self) -> dict[str, Any]:
         self.evaluate()
+        self._maybe_checkpoint(final=True)
         self.ckpt.wait()
         summary = {"step": self.state.step, "epoch": self.sampler.epoch, "loss": self.loss_ema,
                    **self.eval_result, "samplesPerSecond": self.sps_ema,

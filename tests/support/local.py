@@ -1,0 +1,87 @@
+"""Helpers for tests that run real trainer processes through `cohort run --local`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def manifest(name: str = "t", **spec: Any) -> dict[str, Any]:
+    base = yaml.safe_load((REPO / "examples/digits.yaml").read_text())
+    base["metadata"]["name"] = name
+    for section, values in spec.items():
+        if isinstance(values, dict):
+            base["spec"].setdefault(section, {}).update(values)
+        else:
+            base["spec"][section] = values
+    return base
+
+
+def write_manifest(path: Path, m: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(m))
+    return path
+
+
+def cohort(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cohort.trainer.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def run_local(tmp: Path, m: dict[str, Any], workers: int, env: dict[str, str] | None = None,
+              ckpt: Path | None = None, timeout: float = 300) -> dict[str, Any]:
+    """Run a manifest to completion; return the summary (fails the test with the logs otherwise)."""
+    mf = write_manifest(tmp / f"{m['metadata']['name']}.yaml", m)
+    summary = tmp / "summary.json"
+    args = ["run", str(mf), "--local", "--workers", str(workers), "--run-dir", str(tmp / "run"),
+            "--summary-json", str(summary)]
+    if ckpt is not None:
+        args += ["--checkpoint-dir", str(ckpt)]
+    proc = cohort(*args, env=env, timeout=timeout)
+    assert proc.returncode == 0, f"cohort run failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    return json.loads(summary.read_text())
+
+
+def start_local(tmp: Path, m: dict[str, Any], workers: int, ckpt: Path, extra: list[str] = ()) -> subprocess.Popen:
+    mf = write_manifest(tmp / f"{m['metadata']['name']}.yaml", m)
+    return subprocess.Popen([sys.executable, "-m", "cohort.trainer.cli", "run", str(mf), "--local", "--workers",
+                             str(workers), "--run-dir", str(tmp / "run"), "--checkpoint-dir", str(ckpt), *extra],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher and every worker it started (each worker has its own session)."""
+    children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(proc.pid)], capture_output=True, text=True)
+    for pid in [int(p) for p in children.stdout.split()] + [proc.pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    proc.wait()
+
+
+def wait_for_file(path: Path, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} did not appear within {timeout_s}s"
+        time.sleep(0.02)
+
+
+def final_model(ckpt_root: Path) -> dict[str, torch.Tensor]:
+    """The model tensors of the newest committed checkpoint under ``ckpt_root``."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    steps = sorted(p for p in ckpt_root.iterdir() if (p / "COMMITTED").exists())
+    out = ckpt_root / "final.pt"
+    dcp_to_torch_save(str(steps[-1]), str(out))
+    return torch.load(out, weights_only=False)["model"]

@@ -1,0 +1,64 @@
+"""The trainer's side of the job-config contract: defaults, validation, errors that name the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cohort.trainer.config import ConfigError, from_manifest, load_config, map_path, parse_document
+
+
+def manifest(spec: dict) -> dict:
+    return {"apiVersion": "cohort.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "t"}, "spec": spec}
+
+
+def test_defaults_come_from_the_crd_schema():
+    cfg = from_manifest(manifest({}))
+    assert cfg.spec.workload.model == "mlp"
+    assert cfg.spec.workload.batch_size == 64
+    assert cfg.spec.checkpoint.async_ is True
+    assert cfg.spec.replicas.target == 4
+    assert cfg.spec.workload.model_args == {}  # free-form sections stay plain dicts
+
+
+@pytest.mark.parametrize("spec, field", [
+    ({"workload": {"modle": "mlp"}}, "spec.workload.modle"),
+    ({"workload": {"batchSize": 0}}, "spec.workload.batchSize"),
+    ({"workload": {"model": "no such model"}}, "spec.workload.model"),
+    ({"compression": {"method": "zip"}}, "spec.compression.method"),
+    ({"compression": {"ratio": 0}}, "spec.compression.ratio"),
+    ({"replicas": {"min": 4, "target": 2, "max": 8}}, "spec.replicas"),
+    ({"workload": {"epochs": 0, "maxSteps": 0}}, "spec.workload.epochs"),
+    ({"stragglers": {"threshold": 1}}, "spec.stragglers.threshold"),
+    ({"workload": {"optimizer": {"lr": "fast"}}}, "spec.workload.optimizer.lr"),
+])
+def test_invalid_specs_name_the_field(spec, field):
+    with pytest.raises(ConfigError) as e:
+        from_manifest(manifest(spec))
+    assert str(e.value).startswith(field), str(e.value)
+
+
+def test_document_round_trip_and_kind_check(tmp_path):
+    doc = from_manifest(manifest({"workload": {"epochs": 3}})).to_document()
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(doc))
+    assert load_config(path).spec.workload.epochs == 3
+    with pytest.raises(ConfigError, match="apiVersion/kind"):
+        parse_document({**doc, "kind": "Other"})
+
+
+def test_malformed_config_file_is_reported(tmp_path):
+    bad = tmp_path / "job.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.json")
+
+
+def test_path_map(monkeypatch):
+    monkeypatch.setenv("COHORT_PATH_MAP", json.dumps({"/checkpoints": "/tmp/x", "/checkpoints/deep": "/tmp/y"}))
+    assert map_path("/checkpoints/job") == "/tmp/x/job"
+    assert map_path("/checkpoints/deep/a") == "/tmp/y/a"
+    assert map_path("/checkpointsX") == "/checkpointsX"
