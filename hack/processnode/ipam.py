@@ -5,7 +5,9 @@ pod can bind its own address and the same ports (gloo, metrics) as its peers.
 Leases live in one JSON file in the cluster dir, changed under an flock, so
 several daemons on one cluster dir never hand out the same address. Allocation
 goes round-robin: an address just released (whose sockets may linger in
-TIME_WAIT, and which an old world ConfigMap may still name) is reused last.
+TIME_WAIT, and which an old world ConfigMap may still name) is reused last, and
+an address that any socket on the machine still uses (another cluster's pod,
+say) is skipped.
 """
 
 from __future__ import annotations
@@ -34,6 +36,21 @@ def process_id(pid: int | None = None) -> str:
     except OSError:
         start = "?"
     return f"{pid}:{start}"
+
+
+def addresses_in_use() -> set[str]:
+    """IPv4 addresses that sockets on this machine are bound to (from /proc/net)."""
+    out = set()
+    for table in ("tcp", "udp"):
+        try:
+            with open(f"/proc/net/{table}") as f:
+                next(f)
+                for line in f:
+                    hex_ip = line.split()[1].split(":")[0]
+                    out.add(".".join(str(int(hex_ip[i:i + 2], 16)) for i in (6, 4, 2, 0)))
+        except (OSError, StopIteration, ValueError):
+            continue
+    return out
 
 
 def _owner_alive(owner: str) -> bool:
@@ -70,6 +87,7 @@ class Ipam:
             for ip, lease in state["leases"].items():
                 if lease["uid"] == uid:
                     return ip
+            busy = addresses_in_use()
             i = state["next"]
             for _ in range(SPAN):
                 if i >= SPAN or (i & 255) in (0, 255):
@@ -77,7 +95,7 @@ class Ipam:
                     continue
                 ip = index_to_ip(i)
                 i += 1
-                if ip not in state["leases"]:
+                if ip not in state["leases"] and ip not in busy:
                     state["leases"][ip] = {"uid": uid, "pod": pod, "daemon": self.me}
                     state["next"] = i
                     return ip
