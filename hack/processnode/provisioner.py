@@ -25,6 +25,11 @@ Obj = dict[str, Any]
 CLASS = "process-local"
 PROVISIONER = "cohort.dev/process-node"
 DEFAULT_ANNOTATION = "storageclass.kubernetes.io/is-default-class"
+# WaitForFirstConsumer: with Immediate, a pod created in the same breath as its
+# claim is found "unschedulable" before the claim is bound, and may wait minutes
+# to be retried. With it, the scheduler picks a node and waits for the binding.
+# Claims are provisioned at once either way.
+BINDING = "WaitForFirstConsumer"
 
 
 class Provisioner:
@@ -34,12 +39,16 @@ class Provisioner:
 
     def ensure_class(self) -> None:
         classes = self.api.get("/apis/storage.k8s.io/v1/storageclasses").get("items", [])
-        if any(c["metadata"]["name"] == CLASS for c in classes):
+        mine = [c for c in classes if c["metadata"]["name"] == CLASS]
+        if mine and mine[0].get("volumeBindingMode") == BINDING and mine[0].get("provisioner") == PROVISIONER:
             return
-        other_default = any(c["metadata"].get("annotations", {}).get(DEFAULT_ANNOTATION) == "true" for c in classes)
+        if mine:  # an older definition: the fields are immutable, so replace it (volumes keep working)
+            self.api.delete(f"/apis/storage.k8s.io/v1/storageclasses/{CLASS}")
+        other_default = any(c["metadata"].get("annotations", {}).get(DEFAULT_ANNOTATION) == "true"
+                            for c in classes if c["metadata"]["name"] != CLASS)
         body = {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
                 "metadata": {"name": CLASS, "annotations": {DEFAULT_ANNOTATION: "false" if other_default else "true"}},
-                "provisioner": PROVISIONER, "reclaimPolicy": "Delete", "volumeBindingMode": "Immediate"}
+                "provisioner": PROVISIONER, "reclaimPolicy": "Delete", "volumeBindingMode": BINDING}
         try:
             self.api.create("/apis/storage.k8s.io/v1/storageclasses", body)
             log.info("created StorageClass %s", CLASS)

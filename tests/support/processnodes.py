@@ -68,5 +68,7 @@ def wait_phase(cluster: Cluster, namespace: str, name: str, phases: tuple[str, .
 
 
 def pod_log(namespace: str, name: str, container: str | None = None) -> str:
+    """The container's output so far, through ``hack/processnodes.sh logs`` ("" before it starts)."""
     cmd = [str(SCRIPT), "logs", namespace, name] + (["-c", container] if container else [])
-    return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    return proc.stdout if proc.returncode == 0 else ""
