@@ -144,16 +144,17 @@ class Container(threading.Thread):
         self._start_probes(launch)
         rc = self.proc.wait()
         kill_group(pid, signal.SIGKILL)  # the rest of the "container" goes with its main process
-        for p in self.probers:
+        with self._lock:
+            self.exited.set()  # from here on no prober starts for this run
+            probers, self.probers = self.probers, []
+        for p in probers:
             p.stop()
-        self.probers = []
         sig = -rc if rc < 0 else 0
         code = 128 + sig if sig else rc
         self._set(state="terminated", reason="Completed" if code == 0 else "Error", exit_code=code, signal=sig,
                   finished_at=now_rfc3339(), ready=False,
                   message=self._termination_message(launch.termination_file, log_path, offset, code))
         self.pod.forget_pid(self.spec["name"])
-        self.exited.set()
 
     def _termination_message(self, path: Path, log_path: Path, offset: int, code: int) -> str:
         try:
@@ -179,7 +180,7 @@ class Container(threading.Thread):
         def begin_regular_probes() -> None:
             if readiness:
                 self._add_prober("readiness", readiness, launch, ip, False, self._on_readiness)
-            else:
+            elif not self.exited.is_set():
                 self._set(ready=True)
             if liveness:
                 self._add_prober("liveness", liveness, launch, ip, True, self._on_liveness)
@@ -200,7 +201,10 @@ class Container(threading.Thread):
                     on_change: Callable[[bool, str], None], stop_after_success: bool = False) -> None:
         p = Prober(kind, probe, self.spec, ip, launch.env, launch.cwd, launch.map_path, on_change, initial,
                    stop_after_success)
-        self.probers.append(p)
+        with self._lock:
+            if self.exited.is_set():  # the process is gone (a startup probe passed just as it exited)
+                return
+            self.probers.append(p)
         p.start()
 
     def _on_readiness(self, ok: bool, message: str) -> None:

@@ -61,6 +61,7 @@ class PodRuntime(threading.Thread):
         self.gone = False  # deleted from the API without us
         self.deletion_requested = False  # sticky: a later, older view of the pod cannot undo it
         self.shutting_down = False  # the daemon is stopping
+        self.force_failed = False  # phase Failed even if every container exited 0 (deadline, node shutdown)
         self._grace_deadline: float | None = None
         self._last_status: Obj | None = None
         if md.get("deletionTimestamp"):
@@ -155,12 +156,16 @@ class PodRuntime(threading.Thread):
     # --- the pod's life -------------------------------------------------------------------------
     def run(self) -> None:
         try:
-            if self._sandbox() and self._init_containers():
-                self._run_containers()
+            try:
+                if self._sandbox() and self._init_containers():
+                    self._run_containers()
+            except Exception as e:  # a bug here must not leave the pod Running, or undeletable
+                log.exception("%s: pod runtime failed", self.key)
+                self.reason, self.message, self.force_failed = "ProcessNodeError", f"process node: {e}", True
+                self._kill_everything(0)
             self._finish()
         except Exception:
-            log.exception("%s: pod runtime failed", self.key)
-            self._kill_everything(0)
+            log.exception("%s: finishing the pod failed", self.key)
         finally:
             self.d.forget(self.uid)
 
@@ -183,7 +188,8 @@ class PodRuntime(threading.Thread):
             if path.exists():  # an earlier pod of the same name: keep its log one generation back
                 os.replace(path, path.with_suffix(".log.previous"))
             path.touch()
-        self.volumes = Volumes(self._view(self.pod), self.dir, self.d.cluster_dir, self.d.lookup, self.d.api, self.d.allocatable)
+        self.volumes = Volumes(self._view(self.pod), self.dir, self.d.cluster_dir, self.d.lookup, self.d.api,
+                               self.d.allocatable)
         self.d.watch_sources(self, self.volumes.sources())
         while not self._deleting():
             try:
@@ -229,6 +235,7 @@ class PodRuntime(threading.Thread):
                 return
             if deadline and time.time() > kube.parse_time(self.start_time) + int(deadline):
                 self.reason, self.message = "DeadlineExceeded", f"Pod was active on the node longer than {deadline}s"
+                self.force_failed = True
                 self.event("Normal", "DeadlineExceeded", self.message)
                 self._kill_everything(float(self.pod["spec"].get("terminationGracePeriodSeconds", 30)))
                 return
@@ -244,7 +251,8 @@ class PodRuntime(threading.Thread):
         self.d.ipam.release(self.uid)  # a terminal pod's sandbox is gone; its IP stays in its status
         self.d.unwatch_sources(self)
         while not self._deleting():  # Succeeded/Failed pods stay until someone deletes them
-            self._wait(300.0)
+            self._wait(30.0)
+            self._report()  # a no-op unless the last patch failed
         if self.shutting_down:
             return
         if not self.gone:
@@ -273,7 +281,7 @@ class PodRuntime(threading.Thread):
             if c.proc is not None:
                 kill_group(c.proc.pid, 9)
         if self.shutting_down:
-            self.reason, self.message = "NodeShutdown", "the process node stopped"
+            self.reason, self.message, self.force_failed = "NodeShutdown", "the process node stopped", True
         for s in self.init_states + self.states:
             if s.state != "terminated":
                 s.state, s.reason, s.exit_code, s.ready = "terminated", "ContainerStatusUnknown", 137, False
@@ -287,7 +295,7 @@ class PodRuntime(threading.Thread):
         status = pod_status(self.pod, self.states, self.init_states, pod_ip=self.ip, host_ip=self.d.host_ip,
                             start_time=self.start_time, sandbox_ready=bool(self.ip), initialized=self.initialized,
                             init_failed=self.init_failed, reason=self.reason, message=self.message,
-                            previous=self._last_status, failed=self.shutting_down)
+                            previous=self._last_status, failed=self.force_failed)
         if status == self._last_status:
             return
         try:
