@@ -40,7 +40,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         trainer = Trainer(cfg)
     except _user_errors() as e:
         return _fail(str(e))
-    trainer.run()
+    rc = 0
+    try:
+        trainer.run()
+    except ConfigError as e:  # a plan this world cannot run (e.g. not a multiple of tensor x pipeline)
+        rc = _fail(str(e))
     # The checkpoint is committed and the summary written. Exit without interpreter
     # finalisation: the rendezvous store's native server thread can block it.
     import logging
@@ -49,7 +53,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(rc)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -60,8 +64,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return _fail(str(e))
     from .launcher import run_local
+    from .parallel.dims import check_world_size
 
     workers = args.workers or cfg.spec.replicas.target
+    try:
+        check_world_size(cfg.spec, workers)
+    except ConfigError as e:
+        return _fail(str(e))
     try:
         summary = run_local(cfg, workers, checkpoint_dir=args.checkpoint_dir, run_dir=args.run_dir,
                             replace_failed=not args.no_replace)

@@ -35,6 +35,13 @@ class TrainState:
         torch.set_rng_state(s["rng"])
         self.has_state = True
 
+    def rebind(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Hold a newly built model and optimizer (a sharded plan's new world); back to step 0 until loaded."""
+        self.model, self.optimizer = model, optimizer
+        self.step = 0
+        self.sampler.load_state_dict({"epoch": 0, "offset": 0, "num_samples": self.sampler.num_samples})
+        self.has_state = False
+
     # --- checkpoint form -------------------------------------------------------
     def checkpoint_state(self) -> dict[str, Any]:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)

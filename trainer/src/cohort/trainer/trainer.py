@@ -10,6 +10,7 @@ optimizer and data position in memory.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -49,8 +50,12 @@ def build_optimizer(params: Any, opt: Any) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay)
 
 
-def lr_at(step: int, dp_size: int, spec: Any) -> float:
-    """Base lr scaled for the data-parallel size (relative to replicas.target), with linear warmup."""
+def lr_at(step: int, dp_size: float, spec: Any) -> float:
+    """Base lr scaled for the data-parallel size (relative to replicas.target), with linear warmup.
+
+    ``dp_size`` is the global batch in units of ``batchSize``: the dp size, unless the plan (auto) keeps
+    the global batch of data parallelism with fewer, larger dp ranks.
+    """
     opt = spec.workload.optimizer
     ratio = dp_size / max(spec.replicas.target, 1)
     scale = {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[opt.lr_scaling]
@@ -77,6 +82,10 @@ class Trainer:
 
         self.workload = build_workload(self.spec)
         self.model = self.workload.model
+        PARALLELISMS[self.spec.parallelism.strategy].check(self.spec, self.model)  # refuse what cannot run
+        # Sharded plans restart each world from an unsharded model: keep one untouched copy.
+        self.pristine = copy.deepcopy(self.model) if self.spec.parallelism.strategy != "data" else None
+        self.sharded_model = False  # the model holds one world's shards (set by _enter_sharded)
         self.optimizer = build_optimizer(self.model.parameters(), self.spec.workload.optimizer)
         data = self.workload.data
         self.sampler = ElasticSampler(len(data.train_x), self.spec.workload.batch_size, self.spec.workload.seed)
@@ -151,9 +160,13 @@ class Trainer:
         else:
             self.rdzv.join(world, rank, is_newer=lambda: self._latest_version() > world.version)
         self.plan = PARALLELISMS[self.spec.parallelism.strategy](
-            PlanContext(self.spec, rank, world.size, self.stats))
-        self._agree_on_state()
-        self.plan.apply(self.model)
+            PlanContext(self.spec, rank, world.size, self.stats, model=self.pristine))
+        self.sampler.batch_size = self.plan.batch_size
+        if self.plan.replicated and not self.sharded_model:
+            self._agree_on_state()
+            self.plan.apply(self.model)
+        else:
+            self._enter_sharded()
         self.metrics.world_size.set(world.size)
         self.metrics.world_version.set(world.version)
         self.metrics.rank.set(rank)
@@ -191,6 +204,39 @@ class Trainer:
             self.recovery_source = "fresh"
         if dist.get_world_size() > 1 and ref is None:
             self.state.broadcast(0, self.rank)  # belt and braces: identical start everywhere
+
+    def _enter_sharded(self) -> None:
+        """A fresh model for this world's plan, then state from the newest checkpoint, else step 0.
+
+        Shards are lost with the ranks that held them, so there is no live peer
+        to copy from: the newest committed checkpoint is loaded after sharding,
+        and DCP reshards it to this world's mesh (any dp, tp or pp degree).
+        """
+        assert self.plan is not None and self.pristine is not None
+        self.model = copy.deepcopy(self.pristine)
+        if self.plan.replicated:  # auto moved from a sharded plan to replicas: load into plain tensors
+            self.optimizer = build_optimizer(self.model.parameters(), self.spec.workload.optimizer)
+            self.state.rebind(self.model, self.optimizer)
+            self.sharded_model = False
+            self._agree_on_state()
+            self.plan.apply(self.model)
+            return
+        self.plan.apply(self.model)
+        self.optimizer = build_optimizer(self.model.parameters(), self.spec.workload.optimizer)
+        self.state.rebind(self.model, self.optimizer)
+        self.sharded_model = True
+        ref = [self.ckpt.latest() if self.rank == 0 else None]
+        if dist.get_world_size() > 1:
+            dist.broadcast_object_list(ref, src=0)  # every rank loads the one rank 0 saw
+        if ref[0] is None:
+            self.state.has_state = True  # every rank built the same seeded model
+            self.recovery_source = "fresh"
+            return
+        state = self.state.checkpoint_state()
+        self.ckpt.load(ref[0].step, state, sharded=True)
+        self.state.after_checkpoint_load(state)
+        self.recovery_source = "checkpoint"
+        log.info("resumed from checkpoint", extra={"step": ref[0].step, "location": ref[0].location})
 
     def _leave(self) -> None:
         self.left_at = time.perf_counter()
@@ -231,7 +277,7 @@ class Trainer:
         idx = self.sampler.indices(self.plan.dp_rank, size)
         x, y = data.train_x[idx], data.train_y[idx]
         for group in self.optimizer.param_groups:
-            group["lr"] = lr_at(step, size, self.spec)
+            group["lr"] = lr_at(step, self.sampler.global_batch(size) / self.spec.workload.batch_size, self.spec)
         self.optimizer.zero_grad(set_to_none=True)
         autocast = torch.autocast("cpu", dtype=torch.bfloat16) if self.spec.workload.precision == "bf16" \
             else nullcontext()
@@ -309,15 +355,17 @@ class Trainer:
         module = self.plan.eval_module()
         was_training = module.training
         module.eval()
-        shard = torch.arange(self.plan.dp_rank, len(data.eval_x), self.plan.dp_size)
         sums: dict[str, float] = {}
         with torch.no_grad():
-            for start in range(0, len(shard), 256):
-                idx = shard[start:start + 256]
-                for k, v in self.workload.batch_metrics(module(data.eval_x[idx]), data.eval_y[idx]).items():
+            for idx, out in self.plan.eval_outputs(data.eval_x):
+                for k, v in self.workload.batch_metrics(out, data.eval_y[idx]).items():
                     sums[k] = sums.get(k, 0.0) + v
         module.train(was_training)
         keys = sorted(sums) or ["count"]
+        if dist.is_initialized() and dist.get_world_size() > 1:  # ranks without outputs have no keys
+            every: list[list[str]] = [[] for _ in range(dist.get_world_size())]
+            dist.all_gather_object(every, keys)
+            keys = sorted(set().union(*every))
         vec = torch.tensor([sums.get(k, 0.0) for k in keys], dtype=torch.float64)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(vec)
@@ -343,7 +391,7 @@ class Trainer:
             return
         meta = {"worldSize": self.world.size if self.world else 1, "plan": self.plan.describe()}
         self.ckpt.save(self.state.step, self.state.checkpoint_state(), meta, coordinator=self.rank == 0,
-                       sharded=not self.plan.replicated)
+                       sharded=not self.plan.replicated, group=self.plan.checkpoint_group)
 
     def _finish(self) -> dict[str, Any]:
         self.evaluate()

@@ -5,17 +5,20 @@ a rank reads (``dp_rank``/``dp_size``), wraps or shards the model, runs the
 forward/backward of a step, and says whether every data-parallel rank holds
 the full training state (``replicated``): then a membership change recovers by
 broadcasting state from a live peer, and rank 0 alone writes checkpoints.
-Sharded plans recover and checkpoint through DCP collectively.
+Sharded plans recover and checkpoint through DCP collectively: the trainer
+builds them a fresh model, ``apply`` shards it, and only then is state loaded
+(from the newest checkpoint, resharded by DCP to this world's mesh).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ..sync.base import CommStats
@@ -27,10 +30,13 @@ class PlanContext:
     rank: int
     world_size: int
     stats: CommStats
+    model: nn.Module | None = None   # an unsharded copy of the model, for planning and checks (may be None)
 
 
 class Plan(ABC):
     replicated = True
+    checkpoint_group: dist.ProcessGroup | None = None  # sharded plans save on their own group (async saves
+    #                                                    run collectives on a background thread)
 
     def __init__(self, ctx: PlanContext):
         self.ctx = ctx
@@ -43,6 +49,16 @@ class Plan(ABC):
     @property
     def dp_size(self) -> int:
         return self.ctx.world_size
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per data-parallel rank per step (the spec's, unless the plan keeps another global batch)."""
+        return self.ctx.spec.workload.batch_size
+
+    @classmethod
+    def check(cls, spec: Any, model: nn.Module | None) -> None:
+        """Refuse, before training starts, a spec this strategy cannot run (raise a ConfigError)."""
+        return None  # replicas run whatever the model runs
 
     @abstractmethod
     def apply(self, model: nn.Module) -> nn.Module:
@@ -61,6 +77,18 @@ class Plan(ABC):
     def eval_module(self) -> nn.Module:
         assert self.module is not None
         return self.module
+
+    def eval_outputs(self, inputs: torch.Tensor, batch: int = 256) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(indices, model outputs) for this rank's share of ``inputs``, batch by batch.
+
+        Ranks whose outputs duplicate another's (tp peers, non-last pipeline
+        stages) yield nothing, so metric sums over all ranks count each sample once.
+        """
+        module = self.eval_module()
+        shard = torch.arange(self.dp_rank, len(inputs), self.dp_size)
+        for start in range(0, len(shard), batch):
+            idx = shard[start:start + batch]
+            yield idx, module(inputs[idx])
 
     def describe(self) -> str:
         return f"dp={self.dp_size}"

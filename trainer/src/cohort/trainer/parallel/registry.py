@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from .base import Plan
 from .data import DataParallel
+from .strategies import FSDPPlan, HybridPlan, PipelinePlan, TensorPlan
 
 PARALLELISMS: dict[str, type[Plan]] = {
     "data": DataParallel,
+    "fsdp": FSDPPlan,
+    "tensor": TensorPlan,
+    "pipeline": PipelinePlan,
+    "hybrid": HybridPlan,
 }

@@ -1,0 +1,95 @@
+"""MeshPlan: a Plan over a dp x tp x pp DeviceMesh (the fsdp, tensor, pipeline and hybrid strategies).
+
+No rank holds the whole training state, so this plan is not ``replicated``:
+the trainer gives it a fresh model each world, ``apply`` builds the mesh and
+composes the parallelisms (see parallelize.py), and then the state comes from
+the newest checkpoint, which DCP reshards to the new mesh. Data sharding
+follows the mesh: tp peers and pipeline stages of one dp replica read the
+same batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .base import Plan, PlanContext
+from .dims import ParallelDims, ParallelismError, check_dims
+from .mesh import build_mesh
+from .parallelize import Parallelized, parallelize
+
+
+class MeshPlan(Plan):
+    replicated = False
+
+    def __init__(self, ctx: PlanContext, dims: ParallelDims, batch_size: int | None = None):
+        super().__init__(ctx)
+        if dims.world_size != ctx.world_size:
+            raise ParallelismError(f"spec.parallelism: {dims.describe()} needs {dims.world_size} ranks, "
+                                   f"the world has {ctx.world_size}")
+        if ctx.spec.sync.algorithm != "allreduce":
+            raise ParallelismError(f"spec.sync.algorithm: {ctx.spec.sync.algorithm} averages whole replicas; "
+                                   "sharded strategies need allreduce (or strategy: data)")
+        if ctx.spec.compression.method != "none":
+            raise ParallelismError(f"spec.compression.method: {ctx.spec.compression.method} compresses DDP "
+                                   "gradient buckets; sharded strategies reduce-scatter through FSDP2 "
+                                   "(use strategy: data, or compression: none)")
+        self.dims = dims
+        self._batch_size = batch_size or ctx.spec.workload.batch_size
+        # Coordinates in the ("pp", "dp", "tp") mesh, known before the mesh exists (rank order is fixed).
+        self.pp_rank, rest = divmod(ctx.rank, dims.dp * dims.tp)
+        self._dp_rank, self.tp_rank = divmod(rest, dims.tp)
+        self.parts: Parallelized | None = None
+
+    @property
+    def dp_rank(self) -> int:
+        return self._dp_rank
+
+    @property
+    def dp_size(self) -> int:
+        return self.dims.dp
+
+    @property
+    def batch_size(self) -> int:
+        return self._batch_size
+
+    def apply(self, model: nn.Module) -> nn.Module:
+        check_dims(self.dims, model, self.batch_size)
+        mesh = build_mesh(self.dims)
+        assert mesh.get_local_rank("dp") == self._dp_rank and mesh.get_local_rank("pp") == self.pp_rank
+        self.parts = parallelize(model, self.dims, mesh)
+        self.module = self.parts.module
+        self.checkpoint_group = dist.new_group(backend="gloo")
+        return self.module
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor,
+                         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        assert self.parts is not None
+        if self.parts.pipeline is not None:
+            return self.parts.pipeline.train_step(x, y, loss_fn)
+        return super().forward_backward(x, y, loss_fn)
+
+    def eval_outputs(self, inputs: torch.Tensor, batch: int = 256) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        assert self.parts is not None
+        # Equal shards: FSDP and tp all-gather inside forward, so every dp rank must run as many batches.
+        per_rank = len(inputs) // self.dims.dp
+        shard = torch.arange(self._dp_rank, per_rank * self.dims.dp, self.dims.dp)
+        pipeline = self.parts.pipeline
+        for start in range(0, len(shard), batch):
+            idx = shard[start:start + batch]
+            out = pipeline.forward(inputs[idx]) if pipeline is not None else self.parts.module(inputs[idx])
+            if out is not None and self.tp_rank == 0:
+                yield idx, out
+
+    def describe(self) -> str:
+        return self.dims.describe()
+
+    @classmethod
+    def check(cls, spec: Any, model: nn.Module | None) -> None:
+        p = spec.parallelism
+        dims = ParallelDims(tp=p.tensor, pp=p.pipeline, microbatches=p.microbatches, schedule=p.schedule)
+        check_dims(dims, model, spec.workload.batch_size)
