@@ -37,7 +37,20 @@ from .status import ContainerState, pod_status
 
 log = logging.getLogger("processnode")
 Obj = dict[str, Any]
-HIDDEN_HOST_VARS = ("KUBECONFIG", "PYTHONPATH")  # a pod must not inherit the daemon's admin credentials
+# Host variables a pod must not inherit: the daemon's admin credentials, and the
+# context of whoever started it (a test run, a torchrun, the contract's COHORT_*
+# variables or fault injection), which would silently change every pod.
+HIDDEN_HOST_VARS = {"KUBECONFIG", "PYTHONPATH", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                    "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ROLE_RANK"}
+HIDDEN_HOST_PREFIXES = ("PYTEST_", "TORCHELASTIC_", "COHORT_")
+KEPT_HOST_VARS = {"COHORT_CACHE"}
+
+
+def host_env(path_prefix: list[str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k in KEPT_HOST_VARS or not (k in HIDDEN_HOST_VARS or k.startswith(HIDDEN_HOST_PREFIXES))}
+    env["PATH"] = os.pathsep.join([*path_prefix, env.get("PATH", "/usr/local/bin:/usr/bin:/bin")])
+    return env
 
 
 class Daemon:
@@ -54,9 +67,7 @@ class Daemon:
         self.nodes = NodeSet(self.api, node_names, cfg, self.host_ip)
         self.provisioner = Provisioner(self.api, cluster_dir)
         self.allocatable = cfg.capacity()
-        env = {k: v for k, v in os.environ.items() if k not in HIDDEN_HOST_VARS}
-        env["PATH"] = os.pathsep.join([*path_prefix, env.get("PATH", "/usr/local/bin:/usr/bin:/bin")])
-        self.host_env = env
+        self.host_env = host_env(path_prefix)
         self.stop = threading.Event()
         self.runtimes: dict[str, PodRuntime] = {}
         self.finished: set[str] = set()

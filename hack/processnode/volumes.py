@@ -14,6 +14,7 @@ import base64
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -44,10 +45,15 @@ class Volumes:
         self._written: dict[str, set[str]] = {}  # volume -> files we wrote (to remove stale ones)
         self._token_due: dict[str, float] = {}  # volume -> when its token needs refreshing
         self._tokens: dict[tuple[str, int], tuple[str, float]] = {}  # (audience, ttl) -> (token, due)
+        self._lock = threading.RLock()  # the pod thread sets up, watch threads refresh
 
     # --- set-up ---------------------------------------------------------------------------
     def setup(self) -> None:
         """Create every volume; raises ConfigError when a source is missing (the caller retries)."""
+        with self._lock:
+            self._setup()
+
+    def _setup(self) -> None:
         ns = self.pod["metadata"]["namespace"]
         for vol in self.pod["spec"].get("volumes") or []:
             name = vol["name"]
@@ -108,6 +114,10 @@ class Volumes:
 
     def refresh(self, kind: str | None = None, name: str | None = None) -> None:
         """Rewrite the file-set volumes that read (kind, name), or all of them."""
+        with self._lock:
+            self._refresh(kind, name)
+
+    def _refresh(self, kind: str | None, name: str | None) -> None:
         for vol in self.pod["spec"].get("volumes") or []:
             if vol["name"] not in self.dirs:
                 continue
@@ -129,10 +139,14 @@ class Volumes:
     def refresh_tokens(self) -> None:
         """Rewrite projected volumes whose service-account token reached 80% of its life."""
         now = time.time()
-        for vol in self.pod["spec"].get("volumes") or []:
-            due = self._token_due.get(vol["name"])
-            if due is not None and due <= now:
-                self._write(vol["name"], self._render(vol) or {})
+        with self._lock:
+            for vol in self.pod["spec"].get("volumes") or []:
+                due = self._token_due.get(vol["name"])
+                if due is not None and due <= now:
+                    try:
+                        self._write(vol["name"], self._render(vol) or {})
+                    except ConfigError as e:
+                        log.warning("%s: token in volume %s not refreshed: %s", self._podname(), vol["name"], e)
 
     # --- rendering --------------------------------------------------------------------------
     def _render(self, vol: Obj) -> FileSet | None:
