@@ -38,3 +38,9 @@ def test_every_setting_has_a_flag_an_env_var_and_a_doc():
     names = {o[0] for o in OPTIONS}
     assert names == set(Settings.__dataclass_fields__)
     assert all(field_doc(n) for n in names)
+
+
+def test_an_instance_gets_its_own_lease():
+    s = load_settings(["--instance", "canary"], environ={})
+    assert s.instance == "canary" and s.lease_name == "cohort-operator-canary"
+    assert load_settings(["--instance", "c", "--lease-name", "x"], environ={}).lease_name == "x"

@@ -1,6 +1,6 @@
 """The kopf handlers: thin, they only turn watch events into work for the reconciler.
 
-- a TrainingJob event stores the newest object and enqueues the job (unless
+- a TrainingJob event (only this instance's jobs: see ``Settings.instance``) stores the newest object and enqueues the job (unless
   only its status changed: that is the operator's own write coming back);
 - an event on a pod labelled ``cohort.dev/job`` enqueues that job;
 - the deletion of an object the job owns (ConfigMap, Service, RBAC, PDB)
@@ -21,7 +21,7 @@ import kopf
 
 from .api.models import GROUP, PLURAL, VERSION
 from .jobstate import fingerprint
-from .naming import LABEL_JOB
+from .naming import LABEL_JOB, LABEL_OPERATOR
 from .reconciler import Reconciler
 
 # Owned kinds whose deletion must be repaired: (group, version, plural, kind).
@@ -35,10 +35,17 @@ OWNED_KINDS = (
 )
 
 
-def configure(settings: kopf.OperatorSettings) -> None:
-    """Watch only what carries the job label, filtered by the API server."""
+def job_selector(instance: str) -> str:
+    """The TrainingJobs an operator instance handles: labelled for it, or unlabelled for the default one."""
+    return f"{LABEL_OPERATOR}={instance}" if instance else f"!{LABEL_OPERATOR}"
+
+
+def configure(settings: kopf.OperatorSettings, instance: str = "") -> None:
+    """Watch only what carries the job label (and this instance's jobs), filtered by the API server."""
     settings.peering.standalone = True  # leader election is ours (see leader.py)
     settings.posting.enabled = False  # the operator posts its own Events
+    # A job that stops matching (relabelled to another instance) arrives as DELETED: it is forgotten.
+    settings.watching.label_selectors[(GROUP, VERSION, PLURAL)] = job_selector(instance)
     settings.watching.label_selectors[("v1", "pods")] = LABEL_JOB
     for group, version, plural, _kind in OWNED_KINDS:
         key = ("v1", plural) if not group else (group, version, plural)

@@ -33,6 +33,12 @@ def fmt_time(t: dt.datetime) -> str:
     return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def fmt_time_ceil(t: dt.datetime) -> str:
+    """Like :func:`fmt_time`, rounded up: a deadline written this way is never early."""
+    whole = t.replace(microsecond=0)
+    return fmt_time(whole if whole == t else whole + dt.timedelta(seconds=1))
+
+
 def parse_time(s: str | None) -> dt.datetime | None:
     if not s:
         return None

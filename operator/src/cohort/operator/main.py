@@ -55,16 +55,19 @@ async def _lead(settings: Settings, kube: Kube, metrics: OperatorMetrics, electo
     rec = Reconciler(kube, settings, metrics, recorder)
     prober = Prober(rec)
     kopf_settings = kopf.OperatorSettings()
-    configure(kopf_settings)
+    configure(kopf_settings, settings.instance)
     stop = asyncio.Event()
+    # Every task of ours exists before kopf starts: on shutdown kopf cancels
+    # the tasks it did not find at its start, and ours stop in our own order.
+    workers = rec.queue.start(rec.reconcile, settings.max_concurrent_reconciles)
+    workers += [asyncio.create_task(rec.resync_forever(), name="resync"),
+                asyncio.create_task(prober.run(), name="prober")]
+    if elector is not None:
+        workers.append(asyncio.create_task(elector.hold(), name="lease"))
     operator = asyncio.create_task(kopf.operator(
         registry=build_registry(rec), settings=kopf_settings, stop_flag=stop,
         clusterwide=settings.clusterwide, namespaces=list(settings.namespaces)), name="kopf")
-    workers = [asyncio.create_task(c, name=n) for c, n in (
-        (rec.run(), "reconcile"), (rec.resync_forever(), "resync"), (prober.run(), "prober"))]
     watched = [operator, *workers]
-    if elector is not None:
-        watched.append(asyncio.create_task(elector.hold(), name="lease"))
     code = 0
     try:
         done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
@@ -73,7 +76,8 @@ async def _lead(settings: Settings, kube: Kube, metrics: OperatorMetrics, electo
             log.error("leadership lost: stopping")
             code = EXIT_LOST_LEASE
         elif finished is not operator:
-            log.error("task %s ended unexpectedly: %r", finished.get_name(), finished.exception())
+            error = None if finished.cancelled() else finished.exception()
+            log.error("task %s ended unexpectedly: %r", finished.get_name(), error)
             code = 1
     finally:
         stop.set()

@@ -17,6 +17,8 @@ MANAGER = "cohort-operator"
 
 LABEL_JOB = "cohort.dev/job"
 LABEL_ROLE = "cohort.dev/role"
+# On a TrainingJob: which operator instance handles it (see Settings.instance).
+LABEL_OPERATOR = "cohort.dev/operator"
 ROLE_WORKER = "worker"
 # Set on a replacement pod started for a straggler: the pod it replaces. The
 # annotation is the only record of a swap in progress, so it survives restarts.

@@ -36,6 +36,7 @@ from .lifecycle import (
     backoff_seconds,
     effective_target,
     fmt_time,
+    fmt_time_ceil,
     next_phase,
     parse_time,
     phase_conditions,
@@ -154,7 +155,7 @@ def plan_job(x: Inputs) -> Plan:
             st.replacements.failure += 1
             p.replaced["failure"] += 1
             delay = backoff_seconds(st.restarts, ft.backoff_seconds, ft.max_backoff_seconds)
-            st.backoff_until = fmt_time(now + dt.timedelta(seconds=delay))
+            st.backoff_until = fmt_time_ceil(now + dt.timedelta(seconds=delay))
             p.event("WorkerFailed", f"Worker {v.name} failed ({v.describe_exit()}); failure {st.restarts} of "
                     f"faultTolerance.maxRestarts={ft.max_restarts}; replacement in {delay:g}s", warning=True)
             if st.restarts > ft.max_restarts:

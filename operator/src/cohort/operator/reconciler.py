@@ -91,9 +91,6 @@ class Reconciler:
                 if mem.body is not None:
                     self.queue.add(key)
 
-    async def run(self) -> None:
-        await self.queue.run(self.reconcile, self.settings.max_concurrent_reconciles)
-
     # --- one reconcile -------------------------------------------------------
     async def reconcile(self, key: Any) -> None:
         mem = self.jobs.get(key)

@@ -21,6 +21,9 @@ DEFAULT_IMAGE = "ghcr.io/cohort-dev/cohort-trainer:0.1.0"
 class Settings:
     namespaces: tuple[str, ...] = ()
     """Namespaces to watch; empty means every namespace."""
+    instance: str = ""
+    """Handle only TrainingJobs labelled cohort.dev/operator=<instance>; empty: only jobs without that label.
+    Lets a second operator (a canary, a test) run beside the main one without both acting on a job."""
     default_image: str = DEFAULT_IMAGE
     """Trainer image for jobs whose spec.image is empty."""
     resync_s: float = 60.0
@@ -61,6 +64,7 @@ class Settings:
 # the help text is the docstring under the field.
 OPTIONS: tuple[tuple[str, str, str, type], ...] = (
     ("namespaces", "--namespace", "COHORT_NAMESPACES", str),
+    ("instance", "--instance", "COHORT_INSTANCE", str),
     ("default_image", "--default-image", "COHORT_DEFAULT_IMAGE", str),
     ("resync_s", "--resync-seconds", "COHORT_RESYNC_SECONDS", float),
     ("progress_s", "--progress-seconds", "COHORT_PROGRESS_SECONDS", float),
@@ -146,6 +150,8 @@ def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] 
         # restarted leader takes its own Lease back at once.
         settings = dataclasses.replace(
             settings, identity=env.get("POD_NAME") or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}")
+    if "lease_name" not in values and settings.instance:
+        settings = dataclasses.replace(settings, lease_name=f"{settings.lease_name}-{settings.instance}")
     if "lease_namespace" not in values and env.get("POD_NAMESPACE"):
         settings = dataclasses.replace(settings, lease_namespace=env["POD_NAMESPACE"])
     for name in ("resync_s", "progress_s", "lease_s", "http_timeout_s", "discovery_s"):

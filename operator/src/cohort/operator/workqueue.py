@@ -63,8 +63,13 @@ class WorkQueue:
     def idle(self) -> bool:
         return not self._queued and not self._processing
 
-    async def run(self, process: Callable[[Hashable], Awaitable[None]], workers: int) -> None:
-        """Process keys with ``workers`` concurrent workers until cancelled."""
+    def start(self, process: Callable[[Hashable], Awaitable[None]], workers: int) -> list[asyncio.Task[None]]:
+        """Start ``workers`` concurrent workers; cancel the returned tasks to stop them.
+
+        The tasks are created right here, synchronously, so a caller can
+        start them before kopf (which, on shutdown, cancels every task that
+        did not exist when it started).
+        """
         async def worker() -> None:
             while True:
                 key = await self._queue.get()
@@ -82,7 +87,11 @@ class WorkQueue:
                         self._dirty.discard(key)
                         self.add(key)
 
-        tasks = [asyncio.create_task(worker(), name=f"reconcile-worker-{i}") for i in range(max(workers, 1))]
+        return [asyncio.create_task(worker(), name=f"reconcile-worker-{i}") for i in range(max(workers, 1))]
+
+    async def run(self, process: Callable[[Hashable], Awaitable[None]], workers: int) -> None:
+        """Process keys until cancelled."""
+        tasks = self.start(process, workers)
         try:
             await asyncio.gather(*tasks)
         finally:
