@@ -125,9 +125,15 @@ show_logs() {
   exec tail -n +1 "${follow[@]}" "${files[0]}"
 }
 
+lock() {  # one up/down at a time (two test sessions may start together)
+  mkdir -p "$STATE"
+  exec 9>"$STATE/script.lock"
+  flock 9
+}
+
 case ${1:-} in
-  up) shift; up "$@" ;;
-  down) stop_daemon; log "process nodes down" ;;
+  up) shift; lock; up "$@" ;;
+  down) lock; stop_daemon; log "process nodes down" ;;
   status) healthy && echo "healthy ($(running_nodes) nodes)" || { echo "not running"; exit 1; } ;;
   logs) shift; show_logs "$@" ;;
   *) echo "usage: $0 up [--nodes N]|down|status|logs NAMESPACE POD [-c CONTAINER] [-f]" >&2; exit 2 ;;

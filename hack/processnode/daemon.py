@@ -138,19 +138,20 @@ class Daemon:
             if uid in self.finished or self.stop.is_set():
                 return
             phase = (pod.get("status") or {}).get("phase")
-            if phase in ("Succeeded", "Failed") or self._ran_before(pod):
-                if phase not in ("Succeeded", "Failed"):
-                    self._mark_restarted(pod)
-                if md.get("deletionTimestamp"):
-                    self._delete_now(pod)
-                return
-            if md.get("deletionTimestamp"):  # never started: nothing to stop
-                self._delete_now(pod)
-                return
-            rt = PodRuntime(self, pod)
-            self.runtimes[uid] = rt
-        log.info("starting pod %s/%s", md["namespace"], md["name"])
-        rt.start()
+            terminal = phase in ("Succeeded", "Failed")
+            orphaned = not terminal and self._ran_before(pod)  # an earlier daemon ran it
+            start = not (terminal or orphaned or md.get("deletionTimestamp"))
+            if start:
+                rt = PodRuntime(self, pod)
+                self.runtimes[uid] = rt
+        # API calls outside the lock: the other watches and the pods go on meanwhile.
+        if orphaned:
+            self._mark_restarted(pod)
+        if not start and md.get("deletionTimestamp"):  # already over, or never started: nothing to stop
+            self._delete_now(pod)
+        if start:
+            log.info("starting pod %s/%s", md["namespace"], md["name"])
+            rt.start()
 
     def on_source(self, kind: str, etype: str, obj: Obj) -> None:
         md = obj["metadata"]
