@@ -80,7 +80,7 @@ up() {
   # Run from hack/ so `-m processnode` finds the package without touching PYTHONPATH
   # (which the pods would inherit).
   cd "$HACK_DIR"
-  setsid "${cmd[@]}" >>"$LOGS/processnodes.log" 2>&1 < /dev/null &
+  setsid "${cmd[@]}" >>"$LOGS/processnodes.log" 2>&1 < /dev/null 9>&- &  # 9: the script's lock
   local pid=$! i
   echo "$pid" > "$PIDFILE"
   printf '%s ' "${cmd[@]}" > "$PIDFILE.cmd"
