@@ -76,7 +76,19 @@ class Provisioner:
             return
         if pvc["spec"].get("volumeName") or (pvc.get("status") or {}).get("phase") != "Pending":
             return
+        try:
+            self.api.get(f"/api/v1/persistentvolumes/pvc-{md['uid']}")
+            return  # provisioned already; the PV controller binds it
+        except kube.ApiError as e:
+            if e.status != 404:
+                raise
         path = pvc_dir(self.cluster_dir, md["namespace"], md["name"])
+        if path.exists() and any(path.iterdir()):
+            # Left by an earlier claim of the same name (a cluster recreated, or a claim
+            # deleted while no daemon ran): a new claim is a new, empty volume, or a job
+            # would "resume" from another run's checkpoints.
+            log.info("claim %s/%s is new: removing the stale contents of %s", md["namespace"], md["name"], path)
+            shutil.rmtree(path)
         path.mkdir(parents=True, exist_ok=True)
         size = ((pvc["spec"].get("resources") or {}).get("requests") or {}).get("storage", "1Gi")
         pv = {"apiVersion": "v1", "kind": "PersistentVolume",
