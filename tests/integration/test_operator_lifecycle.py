@@ -58,7 +58,7 @@ def test_pending_until_min_ready_then_running(cluster, namespace, operator):
     bind(cluster, namespace, names[2])
     job = wait_condition(cluster, namespace, "pend", "Ready")
     assert world(cluster, namespace, "pend")["version"] == 2
-    assert {"Created", "PodCreated", "WorldPublished", "Running"} <= set(event_reasons(cluster, namespace, "pend"))
+    assert {"PodCreated", "WorldPublished", "Running"} <= set(event_reasons(cluster, namespace, "pend"))
 
 
 def test_failed_worker_leaves_the_world_at_once_and_is_replaced_after_backoff(cluster, namespace, operator):

@@ -8,9 +8,11 @@ logged and counted, never allowed to fail a reconcile.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import time
+import zlib
 from typing import Any
 
 from .kubeapi import ApiError, Kube
@@ -25,11 +27,38 @@ MAX_MESSAGE = 1024
 
 
 class EventRecorder:
-    def __init__(self, kube: Kube, metrics: OperatorMetrics, identity: str):
+    """Posts Events; :meth:`emit` queues them so a reconcile never waits for its Events.
+
+    Events of one object go through one queue, so they keep their order.
+    """
+
+    def __init__(self, kube: Kube, metrics: OperatorMetrics, identity: str, workers: int = 4):
         self.kube = kube
         self.metrics = metrics
         self.identity = identity
         self._seen: dict[tuple[str, str, str, str], tuple[str, int, float]] = {}
+        self._queues: list[asyncio.Queue[tuple[dict[str, Any], str, str, str]]] = [
+            asyncio.Queue() for _ in range(max(workers, 1))]
+
+    def start(self) -> list[asyncio.Task[None]]:
+        async def drain(queue: asyncio.Queue[tuple[dict[str, Any], str, str, str]]) -> None:
+            while True:
+                obj, type_, reason, message = await queue.get()
+                await self.post(obj, type_, reason, message)
+
+        return [asyncio.create_task(drain(q), name=f"events-{i}") for i, q in enumerate(self._queues)]
+
+    def emit(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """Queue an Event about ``obj`` (only its identity is kept)."""
+        meta = obj["metadata"]
+        ref = {"apiVersion": obj.get("apiVersion", ""), "kind": obj.get("kind", ""),
+               "metadata": {k: meta.get(k, "") for k in ("name", "namespace", "uid", "resourceVersion")}}
+        queue = self._queues[zlib.crc32(str(meta.get("uid", meta["name"])).encode()) % len(self._queues)]
+        queue.put_nowait((ref, type_, reason, message))
+
+    @property
+    def pending(self) -> int:
+        return sum(q.qsize() for q in self._queues)
 
     async def post(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
         meta = obj["metadata"]

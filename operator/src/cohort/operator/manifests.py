@@ -127,9 +127,17 @@ def build_worker_rbac(job: dict[str, Any], spec: TrainingJobSpec) -> list[dict[s
     return out
 
 
-def owned_objects(job: dict[str, Any], spec: TrainingJobSpec) -> list[dict[str, Any]]:
-    """Everything but pods and the world, in creation order (config before the pods need it)."""
-    return [build_config_map(job), build_service(job), *build_worker_rbac(job, spec), build_pdb(job, spec)]
+def owned_objects(job: dict[str, Any], spec: TrainingJobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Everything but pods and the world, as (needed before the pods, the rest).
+
+    A pod cannot be admitted before its ServiceAccount exists, and it mounts
+    the config; the Service, Role, RoleBinding and PDB can follow the pods,
+    which gets workers started sooner on a busy API server.
+    """
+    rbac = build_worker_rbac(job, spec)
+    before = [build_config_map(job)] + [o for o in rbac if o["kind"] == "ServiceAccount"]
+    after = [build_service(job)] + [o for o in rbac if o["kind"] != "ServiceAccount"] + [build_pdb(job, spec)]
+    return before, after
 
 
 def kind_of(obj: dict[str, Any]) -> Kind:

@@ -43,7 +43,6 @@ from .workqueue import WorkQueue
 from .world import Member, World
 
 log = logging.getLogger(__name__)
-REPAIRED = "repaired:"  # marks an object recreated after a deletion, for the Event
 
 
 def job_path(namespace: str, name: str = "", sub: str = "") -> str:
@@ -59,6 +58,7 @@ class Reconciler:
         self.recorder = recorder
         self.queue = WorkQueue()
         self.jobs: dict[JobKey, JobMemory] = {}
+        self._phases: dict[JobKey, str] = {}  # for the jobs-by-phase gauge
         self._gang: tuple[float, GangApi | None] | None = None
         self._gang_lock = asyncio.Lock()
 
@@ -72,7 +72,8 @@ class Reconciler:
     def job_deleted(self, key: JobKey) -> None:
         self.jobs.pop(key, None)
         self.queue.forget(key)
-        self.metrics.set_phases(m.status.phase for m in self.jobs.values() if m.body)
+        if self._phases.pop(key, None) is not None:
+            self.metrics.set_phases(self._phases.values())
 
     def object_deleted(self, key: JobKey, kind: str, name: str) -> None:
         mem = self.jobs.get(key)
@@ -100,10 +101,17 @@ class Reconciler:
         async with mem.lock:
             try:
                 await self._reconcile(mem)
-            except (ApiError, OSError, asyncio.TimeoutError) as e:
+            except ApiError as e:
+                if e.status == 403 and "being terminated" in e.message:
+                    log.debug("%s/%s: namespace terminating; leaving the job to it", key[0], key[1])
+                    return
                 self.metrics.errors.labels(where="reconcile").inc()
                 log.warning("reconcile %s/%s failed: %s; retrying", key[0], key[1], e)
-                mem.loaded = mem.loaded and not (isinstance(e, ApiError) and e.status == 409)
+                mem.loaded = mem.loaded and e.status != 409
+                self.queue.add_after(key, 2.0)
+            except (OSError, asyncio.TimeoutError) as e:
+                self.metrics.errors.labels(where="reconcile").inc()
+                log.warning("reconcile %s/%s failed: %s; retrying", key[0], key[1], e)
                 self.queue.add_after(key, 2.0)
             except Exception:
                 self.metrics.errors.labels(where="reconcile").inc()
@@ -111,8 +119,12 @@ class Reconciler:
                 mem.loaded = False
                 self.queue.add_after(key, 5.0)
             finally:
-                self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
-        self.metrics.set_phases(m.status.phase for m in self.jobs.values() if m.body)
+                elapsed = time.perf_counter() - started
+                self.metrics.reconcile_seconds.observe(elapsed)
+                log.debug("reconciled %s/%s in %.3fs", key[0], key[1], elapsed)
+        if self._phases.get(key) != mem.status.phase:
+            self._phases[key] = mem.status.phase
+            self.metrics.set_phases(self._phases.values())
 
     async def _reconcile(self, mem: JobMemory) -> None:
         job = mem.body
@@ -133,14 +145,17 @@ class Reconciler:
         now = dt.datetime.now(dt.timezone.utc)
         status = mem.status
         gang_fields: dict[str, Any] = {}
-        if status.phase not in FINAL_PHASES:
-            await self._ensure_owned(mem, job, spec)
+        active = status.phase not in FINAL_PHASES
+        before, after = owned_objects(job, spec)
+        if active:
+            await self._ensure_owned(mem, job, before, world=True)
             gang_fields = await self._ensure_gang(mem, job, spec, now)
         pods = await self.kube.list(POD.path(ns), label_selector=f"{LABEL_JOB}={name}")
         inputs = Inputs(job=job, spec=spec, status=mem.status, world=mem.world, pods=view_pods(pods, mem.uid),
                         now=now, straggler=mem.verdict, progress=mem.progress)
         plan = plan_job(inputs)
-        await self._execute(mem, job, spec, plan, gang_fields)
+        if await self._execute(mem, job, spec, plan, gang_fields) and active:
+            await self._ensure_owned(mem, job, after)
 
     async def _invalid(self, mem: JobMemory, job: dict[str, Any], message: str) -> None:
         # The API server validates on admission; this guards objects stored
@@ -153,16 +168,20 @@ class Reconciler:
         st.conditions = set_condition(st.conditions, "Failed", True, "InvalidSpec", message,
                                       generation=int(job["metadata"].get("generation") or 0), now=now)
         await self._patch_status(mem, job, st)
-        await self.recorder.post(job, "Warning", "InvalidSpec", message)
+        self.recorder.emit(job, "Warning", "InvalidSpec", message)
 
     async def _load(self, mem: JobMemory, job: dict[str, Any]) -> None:
         """Durable state after a (re)start: the status, and the world ConfigMap (the authority)."""
         ns, name = mem.key
-        # Read the status fresh: the watched copy may predate our last write,
-        # and an old podIndex would reuse a pod name.
-        fresh = await self.kube.get(job_path(ns, name)) or job
-        mem.status = _parse_status(fresh)
+        if mem.written:
+            # A reload after an error: the watched copy may predate our last
+            # status write, and an old podIndex would reuse a pod name.
+            job = await self.kube.get(job_path(ns, name)) or job
+        mem.status = _parse_status(job)
         mem.written = to_dict(mem.status)
+        mem.loaded = True
+        if mem.status.pod_index == 0 and mem.status.world.version == 0:
+            return  # a new job: no pod, so no world, was ever written
         cm = await self.kube.get(CONFIG_MAP.path(ns, world_map_name(name)))
         stored = World.parse(((cm or {}).get("data") or {}).get(WORLD_KEY))
         from_status = World(version=mem.status.world.version,
@@ -170,11 +189,12 @@ class Reconciler:
         mem.world = stored if stored is not None and stored.version >= from_status.version else from_status
         if cm is None:
             mem.lost.add(("World", world_map_name(name)))
-        mem.loaded = True
 
-    async def _ensure_owned(self, mem: JobMemory, job: dict[str, Any], spec: TrainingJobSpec) -> None:
+    async def _ensure_owned(self, mem: JobMemory, job: dict[str, Any], objects: list[dict[str, Any]], *,
+                            world: bool = False) -> None:
+        """Create what is missing (and update the config when the spec changed); say so if it was repaired."""
         todo = []
-        for obj in owned_objects(job, spec):
+        for obj in objects:
             ident = (obj["kind"], obj["metadata"]["name"])
             if obj["kind"] == "ConfigMap":
                 text = obj["data"][CONFIG_KEY]
@@ -183,8 +203,8 @@ class Reconciler:
                 todo.append(self._ensure_config(mem, obj, text))
             elif ident not in mem.ensured:
                 todo.append(self._ensure_one(mem, obj))
-        if ("World", world_map_name(mem.key[1])) in mem.lost or (
-                "ConfigMap", world_map_name(mem.key[1])) not in mem.ensured:
+        name = world_map_name(mem.key[1])
+        if world and (("World", name) in mem.lost or ("ConfigMap", name) not in mem.ensured):
             todo.append(self._write_world(mem, job, mem.world, create_only=True))
         if not todo:
             return
@@ -192,36 +212,28 @@ class Reconciler:
         for r in results:
             if isinstance(r, BaseException):
                 raise r
-        created = [r for r in results if isinstance(r, str)]
-        fresh = [c for c in created if not c.startswith(REPAIRED)]
-        repaired = [c.removeprefix(REPAIRED) for c in created if c.startswith(REPAIRED)]
-        if fresh:
-            await self.recorder.post(job, "Normal", "Created", "Created " + ", ".join(fresh))
+        repaired = [r for r in results if isinstance(r, str)]
         if repaired:
-            await self.recorder.post(job, "Warning", "Repaired",
-                                     "Recreated " + ", ".join(repaired) + ": it was deleted")
+            self.recorder.emit(job, "Warning", "Repaired", "Recreated " + ", ".join(repaired) + ": it was deleted")
 
     async def _ensure_one(self, mem: JobMemory, obj: dict[str, Any]) -> str | None:
+        """Create if absent; returns the object's description if it had been seen deleted."""
         ident = (obj["kind"], obj["metadata"]["name"])
         created = await self.kube.create_if_absent(kind_of(obj).path(mem.key[0]), obj)
         mem.ensured.add(ident)
         was_lost = ident in mem.lost
         mem.lost.discard(ident)
-        if not created:
-            return None
-        return (REPAIRED if was_lost else "") + f"{obj['kind']} {obj['metadata']['name']}"
+        return f"{obj['kind']} {obj['metadata']['name']}" if created and was_lost else None
 
     async def _ensure_config(self, mem: JobMemory, obj: dict[str, Any], text: str) -> str | None:
-        ident = (obj["kind"], obj["metadata"]["name"])
+        # Create first: for a new job that is the only call. Only an existing
+        # config is read, and patched if the spec (so job.json) changed.
+        result = await self._ensure_one(mem, obj)
         path = CONFIG_MAP.path(mem.key[0], obj["metadata"]["name"])
-        current = await self.kube.get(path)
-        result = None
-        if current is None:
-            result = await self._ensure_one(mem, obj)
-        elif (current.get("data") or {}).get(CONFIG_KEY) != text:
-            await self.kube.patch(path, {"data": {CONFIG_KEY: text}})
-        mem.ensured.add(ident)
-        mem.lost.discard(ident)
+        if result is None and mem.config_text != text:
+            current = await self.kube.get(path)
+            if current is not None and (current.get("data") or {}).get(CONFIG_KEY) != text:
+                await self.kube.patch(path, {"data": {CONFIG_KEY: text}})
         mem.config_text = text
         return result
 
@@ -238,14 +250,14 @@ class Reconciler:
         if cond is None or cond.reason != reason or cond.message != message:
             mem.status.conditions = set_condition(mem.status.conditions, "GangScheduling", ok, reason, message,
                                                   generation=int(job["metadata"].get("generation") or 0), now=now)
-            await self.recorder.post(job, "Normal" if ok else "Warning",
-                                     "GangScheduling" if ok else "GangSchedulingUnsupported", message)
+            self.recorder.emit(job, "Normal" if ok else "Warning",
+                               "GangScheduling" if ok else "GangSchedulingUnsupported", message)
         if api is None:
             return {}
         if mem.gang_key != api.description:
             obj = build_gang_object(api, job, spec)
             if await self.kube.create_if_absent(api.kind.path(mem.key[0]), obj):
-                await self.recorder.post(job, "Normal", "Created", f"Created {api.description} {name}")
+                self.recorder.emit(job, "Normal", "Created", f"Created {api.description} {name}")
             mem.gang_key = api.description
         return gang_pod_fields(api, name, spec)
 
@@ -263,7 +275,8 @@ class Reconciler:
 
     # --- carrying out a plan -------------------------------------------------
     async def _execute(self, mem: JobMemory, job: dict[str, Any], spec: TrainingJobSpec, plan: Plan,
-                       gang_fields: dict[str, Any]) -> None:
+                       gang_fields: dict[str, Any]) -> bool:
+        """Carry out the plan; False when the job is gone."""
         ns, name = mem.key
         if plan.world is not None:
             old_version = mem.world.version
@@ -271,16 +284,17 @@ class Reconciler:
             if plan.world.version != old_version:
                 self.metrics.world_changes.inc()
         if to_dict(plan.status) != mem.written and not await self._patch_status(mem, job, plan.status):
-            return  # the job is gone
+            return False
         mem.status = plan.status
         if plan.delete_job:
-            await asyncio.gather(*(self.recorder.post(job, e.type, e.reason, e.message) for e in plan.events))
+            for ev in plan.events:
+                await self.recorder.post(job, ev.type, ev.reason, ev.message)  # before the job (and its Events) go
             try:
                 await self.kube.request("DELETE", job_path(ns, name), body={"propagationPolicy": "Background"})
             except ApiError as e:
                 if e.status != 404:
                     raise
-            return
+            return False
         deleted = await self._delete_pods(mem, plan)
         created = await self._create_pods(mem, job, spec, plan, gang_fields)
         for reason, count in plan.replaced.items():
@@ -288,31 +302,31 @@ class Reconciler:
                 self.metrics.replacements.labels(reason=reason).inc(count)
         # Pod creations and deletions are announced in one Event per batch,
         # naming every pod: the same story at a fraction of the API calls.
-        # Posted one after another, so they keep the order of the story.
-        events = [(e.type, e.reason, e.message) for e in plan.events if e.reason != "PodDeleted"]
-        events += [("Normal", "PodDeleted", f"Deleted worker pods {', '.join(pods)}: {why}")
-                   for why, pods in deleted.items()]
+        for ev in plan.events:
+            if ev.reason != "PodDeleted":
+                self.recorder.emit(job, ev.type, ev.reason, ev.message)
+        for why, pods in deleted.items():
+            self.recorder.emit(job, "Normal", "PodDeleted", f"Deleted worker pods {', '.join(pods)}: {why}")
         if created:
-            events.append(("Normal", "PodCreated", "Created worker pods " + ", ".join(created)))
-        for type_, reason, message in events:
-            await self.recorder.post(job, type_, reason, message)
+            self.recorder.emit(job, "Normal", "PodCreated", "Created worker pods " + ", ".join(created))
         if plan.straggler_handled:
             mem.verdict = None
             mem.window.clear()
             mem.cooldown_until = time.monotonic() + spec.stragglers.window_seconds
         if plan.requeue_after is not None:
             self.queue.add_after(mem.key, plan.requeue_after)
+        return True
 
     async def _write_world(self, mem: JobMemory, job: dict[str, Any], world: World, *,
                            create_only: bool = False) -> str | None:
         ns, name = mem.key
         body = build_world_map(job, world)
         path = CONFIG_MAP.path(ns, world_map_name(name))
-        created: str | None = None
+        repaired: str | None = None
         if create_only:
-            if await self.kube.create_if_absent(CONFIG_MAP.path(ns), body):
-                was_lost = ("World", world_map_name(name)) in mem.lost and world.version > 0
-                created = (REPAIRED if was_lost else "") + f"ConfigMap {world_map_name(name)}"
+            if await self.kube.create_if_absent(CONFIG_MAP.path(ns), body) and ("World", world_map_name(name)) in \
+                    mem.lost and world.version > 0:
+                repaired = f"ConfigMap {world_map_name(name)}"
         else:
             try:
                 await self.kube.patch(path, {"data": body["data"]})
@@ -324,7 +338,7 @@ class Reconciler:
         mem.ensured.add(("ConfigMap", world_map_name(name)))
         mem.lost.discard(("World", world_map_name(name)))
         mem.lost.discard(("ConfigMap", world_map_name(name)))
-        return created
+        return repaired
 
     async def _patch_status(self, mem: JobMemory, job: dict[str, Any], status: TrainingJobStatus) -> bool:
         ns, name = mem.key
