@@ -31,16 +31,6 @@ KUBECTL=("$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_PATH")
 # Prometheus, a dev operator) add their own pid files to $PIDS.
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 
-pid_alive() {  # pidfile -> 0 if the process it names is alive and is the one we started
-  local f=$1 pid exe
-  [[ -f $f ]] || return 1
-  pid=$(cat "$f")
-  [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || return 1
-  # Guard against a recycled PID: the command line must match what we recorded.
-  exe=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null || true)
-  [[ $exe == "$(cat "$f.cmd" 2>/dev/null)"* ]]
-}
-
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 healthy() {
@@ -51,10 +41,8 @@ healthy() {
 
 start() {  # name cmd... : background it, record pid + command line, log to $LOGS/name.log
   local name=$1; shift
-  setsid "$@" >"$LOGS/$name.log" 2>&1 < /dev/null &
-  local pid=$!
-  echo "$pid" > "$PIDS/$name.pid"
-  printf '%s ' "$@" > "$PIDS/$name.pid.cmd"
+  : > "$LOGS/$name.log"
+  start_recorded "$PIDS/$name.pid" "$LOGS/$name.log" "$@"
 }
 
 fail_component() {  # name reason
@@ -68,7 +56,8 @@ wait_for() {  # name timeout_s command...
   local name=$1 timeout=$2 i; shift 2
   for ((i = 0; i < timeout * 5; i++)); do
     "$@" >/dev/null 2>&1 && return 0
-    pid_alive "$PIDS/$name.pid" || fail_component "$name" "exited during start-up"
+    # kill -0, not pid_alive: until the child has exec'd, its command line is still bash's.
+    kill -0 "$(cat "$PIDS/$name.pid")" 2>/dev/null || fail_component "$name" "exited during start-up"
     sleep 0.2
   done
   fail_component "$name" "did not become ready within ${timeout}s"
@@ -207,18 +196,6 @@ up() {
   create_kwok_nodes
   log "cluster up in $((SECONDS - t0))s; export KUBECONFIG=$KUBECONFIG_PATH"
   echo "$KUBECONFIG_PATH"
-}
-
-stop_pidfile() {  # pidfile: TERM, wait up to 10s, then KILL
-  local f=$1 pid i
-  if pid_alive "$f"; then
-    pid=$(cat "$f")
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < 50; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
-    log "stopped $(basename "$f" .pid) (pid $pid)"
-  fi
-  rm -f "$f" "$f.cmd"
 }
 
 down_all() {

@@ -13,10 +13,15 @@ it when they replay step S.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
 from dataclasses import dataclass
+
+from .log import get_logger
+
+log = get_logger(__name__)
 
 
 def _parse(value: str, name: str) -> dict[str, float]:
@@ -56,6 +61,8 @@ class Faults:
         if not first_world:
             return
         if self.kill_rank == rank and step == self.kill_step and self.first_step < max(self.kill_step, 1):
+            log.warning("fault injection: SIGKILL self", extra={"step": step, "t": time.time()})
+            logging.shutdown()
             os.kill(os.getpid(), signal.SIGKILL)
         if (not self.slowed and self.slow_rank == rank and step >= self.slow_step
                 and self.first_step < max(self.slow_step, 1)):

@@ -109,6 +109,7 @@ class Trainer:
         self.loss_ema: float | None = None
         self.sps_ema: float | None = None
         self.eval_result: dict[str, float] = {}
+        self.step_walls: list[float] = []
         self.t_start = time.monotonic()
         self.metrics.info.labels(cfg.name, self.spec.parallelism.strategy, self.spec.sync.algorithm,
                                  self.spec.compression.method, "").set(1)
@@ -304,6 +305,7 @@ class Trainer:
         m.epoch.set(self.sampler.epoch)
         m.steps.inc()
         m.step_seconds.observe(wall)
+        self.step_walls.append(wall)
         m.compute_seconds.observe(max(compute, 0.0))
         m.comm_seconds.observe(max(comm, 0.0))
         sps = self.sampler.global_batch(size) / max(wall, 1e-9)
@@ -318,7 +320,8 @@ class Trainer:
             m.recovery_seconds.observe(time.perf_counter() - self.left_at)
             m.recoveries.labels("checkpoint" if self.recovery_source == "checkpoint" else "peer").inc()
             log.info("recovered", extra={"seconds": round(time.perf_counter() - self.left_at, 4),
-                                         "step": self.state.step, "source": self.recovery_source})
+                                         "step": self.state.step, "source": self.recovery_source,
+                                         "t": time.time()})
             self.left_at = None
         self._publish_progress()
 
@@ -401,6 +404,7 @@ class Trainer:
                    **self.eval_result, "samplesPerSecond": self.sps_ema,
                    "worldVersion": self.world.version if self.world else 0, "checkpoints": self.ckpt.committed,
                    "seconds": round(time.monotonic() - self.t_start, 3), "rank": self.rank,
+                   "stepSecondsMedian": _median(self.step_walls[10:] or self.step_walls),
                    "plan": self.plan.describe() if self.plan else ""}
         self.metrics.update_progress(state="done", **{k: v for k, v in summary.items() if k != "seconds"})
         log.info("training complete", extra=summary)
@@ -408,6 +412,10 @@ class Trainer:
         if dist.is_initialized():
             dist.destroy_process_group()
         return summary
+
+
+def _median(values: list[float]) -> float | None:
+    return sorted(values)[len(values) // 2] if values else None
 
 
 def _write_termination_message(summary: dict[str, Any]) -> None:

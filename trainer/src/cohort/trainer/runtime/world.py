@@ -22,6 +22,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config import map_path
 from ..log import get_logger
 
 log = get_logger(__name__)
@@ -149,7 +150,7 @@ class ConfigMapWorld(WorldSource):
         host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
         port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
         self.base = f"https://{host}:{port}" if ":" not in host else f"https://[{host}]:{port}"
-        sa_dir = os.environ.get("COHORT_SA_DIR", SA_DIR)
+        sa_dir = map_path(os.environ.get("COHORT_SA_DIR", SA_DIR))
         self.token_path = os.path.join(sa_dir, "token")
         self.ctx = ssl.create_default_context(cafile=os.path.join(sa_dir, "ca.crt"))
 

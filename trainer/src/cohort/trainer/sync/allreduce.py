@@ -38,7 +38,7 @@ class AllreduceSync(Sync):
     def wrap(self, model: nn.Module) -> nn.Module:
         if self.ctx.world_size == 1:
             return model
-        ddp = DDP(model, process_group=self.ctx.group, broadcast_buffers=False)
+        ddp = DDP(model, process_group=self.ctx.group)
         method = self.ctx.spec.compression.method
         if method == "none":
             ddp.register_comm_hook(self.ctx, timed_hook(dense_allreduce_hook, self.ctx.stats))

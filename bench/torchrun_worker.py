@@ -1,0 +1,87 @@
+"""Baseline worker for bench/recovery.py: a plain torch DDP loop under torchrun elastic.
+
+It trains the same model on the same data as the Cohort run, saves a
+checkpoint (torch.save, atomic rename) every K steps from rank 0, and resumes
+from the newest one when torchrun restarts it. In its first incarnation the
+chosen rank SIGKILLs itself at the chosen step. Timestamps go to stdout as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from cohort.trainer.workloads.datasets import digits
+from cohort.trainer.workloads.models import MLP
+
+
+def say(**kv: object) -> None:
+    print(json.dumps({"t": time.time(), **kv}), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ckpt-dir", required=True)
+    ap.add_argument("--every", type=int, required=True)
+    ap.add_argument("--kill-step", type=int, required=True)
+    ap.add_argument("--kill-rank", type=int, default=2)
+    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--batch", type=int, default=32)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    incarnation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    # A fresh key prefix per incarnation: with torch 2.13 + gloo, a restarted group that reuses
+    # the agent store's keys tries to connect to the dead incarnation's addresses.
+    import datetime
+
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"incarnation-{incarnation}", store),
+                            rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    data = digits()
+    torch.manual_seed(0)
+    model = DDP(MLP(data.info, hidden=128))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ckpt = Path(args.ckpt_dir) / "latest.pt"
+    start = 0
+    if ckpt.exists():
+        state = torch.load(ckpt, weights_only=False)
+        model.module.load_state_dict(state["model"])
+        opt.load_state_dict(state["optim"])
+        start = state["step"]
+        if rank == 0:
+            say(event="resumed", step=start, incarnation=incarnation)
+    n = len(data.train_x)
+    for step in range(start, args.steps):
+        if incarnation == 0 and rank == args.kill_rank and step == args.kill_step:
+            say(event="kill", step=step)
+            os.kill(os.getpid(), signal.SIGKILL)
+        g = torch.Generator().manual_seed(step // (n // (args.batch * world)))
+        perm = torch.randperm(n, generator=g)
+        offset = (step % (n // (args.batch * world))) * args.batch * world + rank * args.batch
+        idx = perm[offset:offset + args.batch]
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(data.train_x[idx]), data.train_y[idx]).backward()
+        opt.step()
+        if rank == 0 and step == start and incarnation > 0:
+            say(event="first_step", step=step + 1, incarnation=incarnation)
+        if rank == 0 and (step + 1) % args.every == 0:
+            tmp = ckpt.with_suffix(".tmp")
+            torch.save({"model": model.module.state_dict(), "optim": opt.state_dict(), "step": step + 1}, tmp)
+            tmp.replace(ckpt)
+    dist.barrier()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

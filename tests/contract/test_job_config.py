@@ -1,0 +1,54 @@
+"""The job config contract: what the operator renders, the trainer parses (docs/contracts.md §1).
+
+Every example manifest is defaulted the way the API server does it, rendered
+with the operator's renderer and parsed with the trainer's parser. The
+trainer's own defaulting (used by `cohort run --local`) must agree exactly
+with the operator's models: defaults have one home.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cohort.operator.api.models import TrainingJobSpec
+from cohort.operator.api.schema import parse, to_dict
+from cohort.operator.jobconfig import render_job_config
+from cohort.trainer.config import from_manifest, parse_document
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted(p for p in (REPO / "examples").glob("*.yaml")
+                  if any(d and d.get("kind") == "TrainingJob" for d in yaml.safe_load_all(p.read_text())))
+
+
+def jobs(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") == "TrainingJob"]
+
+
+def test_there_are_examples():
+    assert len(EXAMPLES) >= 1
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_operator_render_parses_in_the_trainer(path):
+    for job in jobs(path):
+        stored = {"metadata": {"name": job["metadata"]["name"], "namespace": "ns", "uid": "u-1"},
+                  "spec": to_dict(parse(TrainingJobSpec, job.get("spec") or {}))}
+        cfg = parse_document(json.loads(render_job_config(stored)))
+        assert cfg.name == job["metadata"]["name"] and cfg.namespace == "ns"
+        # one home for defaults: the trainer's CRD-based defaulting equals the operator's models
+        assert from_manifest(job).raw_spec == stored["spec"]
+
+
+@pytest.mark.k8s
+def test_api_server_defaulting_matches_and_parses(cluster, namespace):
+    for path in EXAMPLES:
+        for job in jobs(path):
+            job = {**job, "metadata": {**job["metadata"], "namespace": namespace}}
+            stored = cluster.custom.create_namespaced_custom_object(
+                "cohort.dev", "v1alpha1", namespace, "trainingjobs", job, dry_run="All", field_validation="Strict")
+            cfg = parse_document(json.loads(render_job_config(stored)))
+            assert cfg.raw_spec == from_manifest(job).raw_spec, path.name
