@@ -1,4 +1,4 @@
-"""Command lines: ``cohort-train`` (what runs in a pod) and ``cohort`` (run, validate).
+"""Command lines: ``cohort-train`` (what runs in a pod) and ``cohort`` (run, validate, plan, calibrate).
 
 Bad input exits 2 with one line that names the field or module at fault.
 """
@@ -104,6 +104,64 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Rank every dp x tp x pp plan of a manifest's model for N devices (docs/parallelism.md#planner)."""
+    from .planner import format_table, load_hardware, rank_plans
+    from .planner.hardware import parse_bandwidth, parse_bytes, parse_flops, parse_seconds
+    from .planner.profile import profile_spec
+
+    try:
+        cfg = load_manifest(args.manifest)
+        hw = load_hardware(args.calibration)
+        if args.bandwidth or args.latency:  # another network: this host's measured lines no longer apply
+            hw = hw.with_overrides(group_lines=(), sync_lines=(),
+                                   beta_s_per_byte=1 / parse_bandwidth(args.bandwidth) if args.bandwidth else None,
+                                   alpha_s=parse_seconds(args.latency) if args.latency else None)
+        if args.device_flops:  # separate devices: nothing shares their compute
+            hw = hw.with_overrides(device_flops=parse_flops(args.device_flops), host_flops=0.0)
+        if args.memory_bandwidth:
+            hw = hw.with_overrides(memory_bandwidth=parse_bandwidth(args.memory_bandwidth))
+        if args.gpu_memory:
+            hw = hw.with_overrides(memory_bytes=parse_bytes(args.gpu_memory))
+        profile = profile_spec(cfg.spec)
+    except (*_user_errors(), ValueError, FileNotFoundError, KeyError) as e:
+        return _fail(str(e))
+    w, par = cfg.spec.workload, cfg.spec.parallelism
+    global_batch = args.global_batch or w.batch_size * args.gpus
+    candidates = rank_plans(args.gpus, profile, hw, global_batch, w.optimizer.name, w.optimizer.momentum,
+                            tp=par.tensor if par.tensor > 1 else None, pp=par.pipeline if par.pipeline > 1 else None)
+    print(f"model      {profile.name}: {profile.params / 1e6:.2f} M parameters, "
+          f"{profile.forward_flops / 1e9:.3f} GFLOP forward per sample")
+    print(f"batch      {global_batch} samples per step (global), optimizer {w.optimizer.name}")
+    print(f"hardware   {hw.source}: α {hw.alpha_s * 1e6:.1f} µs, β {hw.beta_s_per_byte * 1e9:.3f} ns/B "
+          f"({1 / hw.beta_s_per_byte / 1e9:.2f} GB/s, {hw.allreduce} allreduce), "
+          f"{hw.device_flops / 1e12:.3f} TFLOP/s per device"
+          + (f", {hw.host_flops / 1e12:.3f} TFLOP/s shared per host" if hw.host_flops else "")
+          + (f", {hw.memory_bytes / 2 ** 30:.1f} GiB per device" if hw.memory_bytes else ""))
+    print()
+    print(format_table(candidates, limit=args.top))
+    chosen = next((c for c in candidates if not c.rejected), None)
+    if chosen is None:
+        print(f"\nno plan fits {args.gpus} devices")
+        return 1
+    print(f"\nstrategy: auto would run {chosen.dims.describe()} "
+          f"(predicted {chosen.time.total * 1e3:.1f} ms per step)")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .planner import calibrate
+
+    path = calibrate.run(args.out, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    from .planner.hardware import load_hardware
+
+    hw = load_hardware(path)
+    print(f"wrote {path}: α {hw.alpha_s * 1e6:.1f} µs, β {hw.beta_s_per_byte * 1e9:.3f} ns/B ({hw.allreduce}), "
+          f"{hw.device_flops / 1e9:.1f} GFLOP/s per rank" +
+          (f", {hw.host_flops / 1e9:.1f} GFLOP/s per host (shared)" if hw.host_flops else ""))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cohort", description="Cohort elastic training")
     sub = p.add_subparsers(dest="command", required=True)
@@ -122,6 +180,21 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate", help="check a manifest (defaults and bounds as the API server applies them)")
     v.add_argument("manifest")
     v.set_defaults(fn=cmd_validate)
+    pl = sub.add_parser("plan", help="rank the dp x tp x pp plans of a manifest's model for N devices")
+    pl.add_argument("manifest")
+    pl.add_argument("--gpus", type=int, required=True, help="devices (ranks) to plan for")
+    pl.add_argument("--gpu-memory", help="memory per device, e.g. 80GiB (default: unlimited)")
+    pl.add_argument("--bandwidth", help="link bandwidth, e.g. 100Gbit (default: the calibration's)")
+    pl.add_argument("--latency", help="per-message latency α, e.g. 10us (default: the calibration's)")
+    pl.add_argument("--device-flops", help="throughput per device, e.g. 300TFLOPs (default: the calibration's)")
+    pl.add_argument("--memory-bandwidth", help="device memory bandwidth, e.g. 3TB (default: the calibration's)")
+    pl.add_argument("--calibration", help="file from `cohort calibrate` (default: ~/.cache/cohort/calibration.json)")
+    pl.add_argument("--global-batch", type=int, default=0, help="samples per step (default: batchSize x gpus)")
+    pl.add_argument("--top", type=int, default=None, help="show only the first N rows")
+    pl.set_defaults(fn=cmd_plan)
+    c = sub.add_parser("calibrate", help="measure α, β and device throughput here, for the planner")
+    c.add_argument("--out", help="where to write (default: ~/.cache/cohort/calibration.json)")
+    c.set_defaults(fn=cmd_calibrate)
     return p
 
 

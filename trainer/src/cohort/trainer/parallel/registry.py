@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .auto import AutoPlan
 from .base import Plan
 from .data import DataParallel
 from .strategies import FSDPPlan, HybridPlan, PipelinePlan, TensorPlan
@@ -12,4 +13,5 @@ PARALLELISMS: dict[str, type[Plan]] = {
     "tensor": TensorPlan,
     "pipeline": PipelinePlan,
     "hybrid": HybridPlan,
+    "auto": AutoPlan,
 }

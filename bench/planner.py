@@ -1,0 +1,223 @@
+"""Planner: predicted against measured step time, and the allreduce α-β fit (a benchmark, not a test).
+
+    python bench/planner.py [--ranks 4] [--steps 8] [--dim 256] [--layers 4] [--batch 32]
+
+1. Calibrates this machine in the same invocation (``cohort calibrate``'s
+   measurements: allreduce time against message size for P = 2 and 4, matmul
+   throughput alone and shared, memory bandwidth).
+2. Prints the allreduce fit: per P (α, β and error of a straight line), and
+   each allreduce model of Ben-Nun & Hoefler §2.4 fitted jointly over P, best
+   first: the one whose P-dependence matches the backend's curve.
+3. Runs every plan the planner enumerates for the model on ``--ranks`` local
+   ranks (same model, same global batch, real Cohort plans: DDP, FSDP2, DTensor
+   TP, pipelining), measures the median step time, and prints predicted
+   against measured, the Spearman rank correlation (target >= 0.8) and whether
+   the planner's first choice is within 15% of the best measured plan. The
+   baseline row is data parallelism (DDP) on all ranks.
+
+``--nccl`` runs only the allreduce part on the GPUs of this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _spec(args: argparse.Namespace) -> Any:
+    from cohort.trainer.config import from_manifest
+
+    manifest = {"apiVersion": "cohort.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "bench"},
+                "spec": {"workload": {"model": "transformer", "dataset": "synthetic-lm", "epochs": 0, "maxSteps": 1,
+                                      "batchSize": args.batch // args.ranks,
+                                      "modelArgs": {"dim": args.dim, "n_layers": args.layers, "n_heads": args.heads},
+                                      "optimizer": {"name": "adamw", "lr": 0.001}}}}
+    return from_manifest(manifest).spec
+
+
+def _step_worker(rank: int, world: int, port: int, args: argparse.Namespace, plans: list, out: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from cohort.trainer.parallel.base import PlanContext
+    from cohort.trainer.parallel.data import DataParallel
+    from cohort.trainer.parallel.sharded import MeshPlan
+    from cohort.trainer.sync.base import CommStats
+    from cohort.trainer.workloads import build_workload
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    spec = _spec(args)
+    workload = build_workload(spec)
+    data = workload.data
+    runs = []
+    for dims in plans:
+        model = build_workload(spec).model
+        ctx = PlanContext(spec, rank, world, CommStats())
+        plan = DataParallel(ctx) if dims.dp_mode == "ddp" else MeshPlan(ctx, dims, batch_size=args.batch // dims.dp)
+        plan.apply(model)
+        runs.append((plan, torch.optim.AdamW(model.parameters(), lr=1e-3)))
+    times: list[list[float]] = [[] for _ in plans]
+    # Round-robin over the plans, a few steps each per round: load from other processes on a shared
+    # machine then lands on every plan alike instead of on whichever ran during a busy minute.
+    for _round in range(args.rounds):
+        for i, (plan, opt) in enumerate(runs):
+            b = args.batch // plan.dp_size
+            for step in range(args.warmup + args.steps):
+                idx = torch.arange(plan.dp_rank * b, (plan.dp_rank + 1) * b) + step * args.batch
+                dist.barrier()
+                t0 = time.perf_counter()
+                opt.zero_grad(set_to_none=True)
+                loss = plan.forward_backward(data.train_x[idx], data.train_y[idx], workload.loss_fn)
+                opt.step()
+                float(loss)
+                # A step ends when the slowest rank ends.
+                t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                if step >= args.warmup:
+                    times[i].append(float(t))
+    if rank == 0:
+        out.put([statistics.median(t) for t in times])
+    dist.destroy_process_group()
+
+
+def measure_plans(args: argparse.Namespace, plans: list) -> list[float]:
+    import torch.multiprocessing as mp
+
+    from cohort.trainer.planner.calibrate import free_port
+
+    ctx = mp.get_context("spawn")
+    out = ctx.SimpleQueue()
+    mp.start_processes(_step_worker, args=(args.ranks, free_port(), args, plans, out), nprocs=args.ranks,
+                       start_method="spawn")
+    return out.get()
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    def ranks(xs: list[float]) -> list[float]:
+        order = sorted(range(len(xs)), key=lambda i: xs[i])
+        r = [0.0] * len(xs)
+        i = 0
+        while i < len(order):  # average ranks over ties
+            j = i
+            while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.mean(ra), statistics.mean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
+    return cov / math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
+
+
+def allreduce_tables(samples: list[tuple]) -> str:
+    from cohort.trainer.planner.collectives import fit_all
+
+    lines = ["Allreduce time against message size (median of 7, max over ranks):", "",
+             "| bytes | " + " | ".join(f"P={p} ms" for p in sorted({s[1] for s in samples})) + " |",
+             "|---:|" + "---:|" * len({s[1] for s in samples})]
+    by = {(m, p): t for m, p, t in samples}
+    for m in sorted({s[0] for s in samples}):
+        lines.append(f"| {m} | " + " | ".join(f"{by[m, p] * 1e3:.3f}" for p in sorted({s[1] for s in samples}))
+                     + " |")
+    lines += ["", "Per P, a straight line t = a + b·m (what α and β mean at one P):", "",
+              "| P | a (µs) | b (ns/B) → GB/s | rel. RMS error |", "|---:|---:|---:|---:|"]
+    for p in sorted({s[1] for s in samples}):
+        f = fit_all([s for s in samples if s[1] == p])
+        # At one P every model is a rescaled line; report the ring fit's line.
+        ring = next(x for x in f if x.algorithm == "ring")
+        a, b = ring.alpha_s * 2 * (p - 1), ring.beta_s_per_byte * 2 * (p - 1) / p
+        lines.append(f"| {p} | {a * 1e6:.1f} | {b * 1e9:.3f} → {1 / b / 1e9 if b else float('inf'):.2f} | "
+                     f"{ring.rel_rms_error:.1%} |")
+    lines += ["", "Each model fitted jointly over every P (one α, β for the link), best first:", "",
+              "| model | α (µs) | β (ns/B) | rel. RMS error |", "|---|---:|---:|---:|"]
+    for f in fit_all(samples):
+        lines.append(f"| {f.algorithm} | {f.alpha_s * 1e6:.1f} | {f.beta_s_per_byte * 1e9:.3f} | "
+                     f"{f.rel_rms_error:.1%} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=3, help="round-robin passes over the plans")
+    p.add_argument("--steps", type=int, default=4, help="timed steps per plan per round")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps per plan per round")
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--batch", type=int, default=32, help="global batch (every plan trains the same one)")
+    p.add_argument("--max-plans", type=int, default=12)
+    p.add_argument("--nccl", action="store_true", help="only the allreduce fit, on this machine's GPUs (NCCL)")
+    args = p.parse_args()
+
+    from cohort.trainer.planner import calibrate, format_table, profile_model, rank_plans
+    from cohort.trainer.workloads import build_workload
+
+    print(f"# bench/planner.py {' '.join(sys.argv[1:])}".rstrip())
+    t0 = time.time()
+    import torch
+
+    if args.nccl:
+        ps = tuple(x for x in (2, 4, 8) if x <= torch.cuda.device_count())
+        samples = [s for n in ps for s in calibrate.measure_allreduce(n)]
+        print(f"backend nccl on {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}\n")
+        print(allreduce_tables(samples))
+        return 0
+    hw, raw = calibrate.calibrate(ps=(2, args.ranks), log=lambda _msg: None)
+    alone, shared = raw["flops_alone"], raw["flops_shared"][str(args.ranks)]
+    print("## Calibration (`cohort calibrate`'s measurements, this run)\n")
+    print(f"matmul {calibrate.MATMUL}: {alone / 1e9:.1f} GFLOP/s alone, {shared / 1e9:.1f} GFLOP/s per rank with "
+          f"{args.ranks} ranks at once; memory {hw.memory_bandwidth / 1e9:.1f} GB/s\n")
+    print(allreduce_tables(raw["allreduce_samples"]))
+    if hw.group_lines:
+        print("\nThe planner uses these lines, measured with all ranks busy (groups of P among "
+              f"{args.ranks} ranks at once):\n")
+        print("| P | a (µs) | b (ns/B) |\n|---:|---:|---:|")
+        for p_, a, b in hw.group_lines:
+            print(f"| {p_} | {a * 1e6:.1f} | {b * 1e9:.3f} |")
+
+    spec = _spec(args)
+    model = build_workload(spec).model
+    profile = profile_model(model)
+    ranked = [c for c in rank_plans(args.ranks, profile, hw, args.batch, "adamw") if not c.rejected]
+    chosen = ranked[: args.max_plans]
+    print(f"\n## Plans for {profile.name}, global batch {args.batch}, {args.ranks} ranks\n")
+    print("Planner's ranking (predicted, this machine's calibration):\n")
+    print("```\n" + format_table(chosen) + "\n```")
+    measured = measure_plans(args, [c.dims for c in chosen])
+    baseline = next(m for c, m in zip(chosen, measured, strict=True)
+                    if c.dims.dp_mode == "ddp" and c.dims.dp == args.ranks)
+    print(f"\nPredicted against measured (median of {args.rounds} rounds x {args.steps} steps, round-robin; "
+          "ratio = measured / measured DDP baseline):\n")
+    print("| planner rank | plan | predicted ms | measured ms | measured rank | vs DDP baseline |")
+    print("|---:|---|---:|---:|---:|---:|")
+    order = sorted(range(len(measured)), key=lambda i: measured[i])
+    for i, (c, m) in enumerate(zip(chosen, measured, strict=True)):
+        print(f"| {i + 1} | {c.dims.describe()} | {c.time.total * 1e3:.1f} | {m * 1e3:.1f} | "
+              f"{order.index(i) + 1} | {m / baseline:.2f}x |")
+    rho = spearman([c.time.total for c in chosen], measured)
+    best = min(measured)
+    top = measured[0]
+    print(f"\nSpearman rank correlation (predicted vs measured, {len(chosen)} plans): {rho:.3f} (target >= 0.8)")
+    print(f"Planner's choice ({chosen[0].dims.describe()}) measured {top * 1e3:.1f} ms; best measured "
+          f"{chosen[order[0]].dims.describe()} {best * 1e3:.1f} ms: {top / best - 1:+.1%} "
+          f"({'within' if top <= 1.15 * best else 'NOT within'} 15%)")
+    print(f"\n(total {time.time() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

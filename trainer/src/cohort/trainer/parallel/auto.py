@@ -1,0 +1,124 @@
+"""``strategy: auto``: run the plan the planner ranks first for this world and model.
+
+Rank 0 plans (so every rank runs the same plan even if their calibration
+files differ) and broadcasts the choice; it is re-planned whenever the world
+changes. The global batch stays what data parallelism would process on this
+world (``batchSize x world size``), so every candidate trains the same thing
+and the choice only changes speed and memory: a plan with fewer dp ranks
+gives each a bigger batch. The choice and the planner's ranked table go to
+the log; ``describe()`` (the ``/progress`` plan) says ``auto: <plan>``.
+
+Hardware comes from the calibration file (``COHORT_CALIBRATION`` or
+``~/.cache/cohort/calibration.json``, written by ``cohort calibrate``), else
+the defaults; device memory from ``COHORT_DEVICE_MEMORY`` (e.g. ``16GiB``),
+else ``spec.resources.limits.memory``, else unlimited.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..log import get_logger
+from .base import Plan, PlanContext
+from .data import DataParallel
+from .dims import ParallelDims
+from .sharded import MeshPlan
+
+log = get_logger(__name__)
+
+
+def device_memory(spec: Any) -> float:
+    """Bytes a device may use (0: unlimited)."""
+    from ..planner.hardware import parse_bytes
+
+    text = os.environ.get("COHORT_DEVICE_MEMORY") or (spec.resources.get("limits") or {}).get("memory")
+    return parse_bytes(str(text)) if text else 0.0
+
+
+def _sample(model: nn.Module) -> torch.Tensor | None:
+    """One input for measuring a non-transformer model (built-in shapes only)."""
+    if hasattr(model, "fc1") and isinstance(model.fc1, nn.Linear) and not hasattr(model, "conv1"):
+        return torch.zeros(1, model.fc1.in_features)
+    if hasattr(model, "shape"):
+        return torch.zeros(1, *model.shape)
+    return None
+
+
+def choose_dims(spec: Any, model: nn.Module | None, world_size: int) -> ParallelDims:
+    """The planner's first choice (a single-process decision; see AutoPlan for the collective one)."""
+    if model is None or spec.sync.algorithm != "allreduce" or spec.compression.method != "none":
+        # Gossip, local SGD and compression act on whole replicas: only data parallelism runs them.
+        return ParallelDims(dp=world_size, dp_mode="ddp")
+    from ..planner import format_table, load_hardware, plan_for
+    from ..workloads.models import Transformer
+
+    sample = None if isinstance(model, Transformer) else _sample(model)
+    if sample is None and not isinstance(model, Transformer):
+        return ParallelDims(dp=world_size, dp_mode="ddp")
+    hw = load_hardware(os.environ.get("COHORT_CALIBRATION") or None).with_overrides(memory_bytes=device_memory(spec))
+    best, ranked = plan_for(spec, model, world_size, hw, sample=sample)
+    log.info("auto plan chosen", extra={"plan": best.dims.describe(), "predicted_step_ms":
+                                        round(best.time.total * 1e3, 2), "hardware": hw.source,
+                                        "ranking": format_table(ranked, limit=8).splitlines()})
+    return best.dims
+
+
+class AutoPlan(Plan):
+    def __init__(self, ctx: PlanContext):
+        super().__init__(ctx)
+        choice = [choose_dims(ctx.spec, ctx.model, ctx.world_size) if ctx.rank == 0 else None]
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.broadcast_object_list(choice, src=0)
+        dims = choice[0]
+        assert isinstance(dims, ParallelDims)
+        self.dims = dims
+        global_batch = ctx.spec.workload.batch_size * ctx.world_size
+        self.inner: Plan = DataParallel(ctx) if dims.dp_mode == "ddp" else \
+            MeshPlan(ctx, dims, batch_size=global_batch // dims.dp)
+
+    # Everything is the chosen plan's.
+    @property
+    def replicated(self) -> bool:  # type: ignore[override]
+        return self.inner.replicated
+
+    @property
+    def checkpoint_group(self) -> dist.ProcessGroup | None:  # type: ignore[override]
+        return self.inner.checkpoint_group
+
+    @property
+    def dp_rank(self) -> int:
+        return self.inner.dp_rank
+
+    @property
+    def dp_size(self) -> int:
+        return self.inner.dp_size
+
+    @property
+    def batch_size(self) -> int:
+        return self.inner.batch_size
+
+    def apply(self, model: nn.Module) -> nn.Module:
+        self.module = self.inner.apply(model)
+        return self.module
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor,
+                         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        return self.inner.forward_backward(x, y, loss_fn)
+
+    def after_step(self, step: int) -> None:
+        self.inner.after_step(step)
+
+    def eval_module(self) -> nn.Module:
+        return self.inner.eval_module()
+
+    def eval_outputs(self, inputs: torch.Tensor, batch: int = 256) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return self.inner.eval_outputs(inputs, batch)
+
+    def describe(self) -> str:
+        return "auto: " + self.inner.describe()

@@ -1,0 +1,89 @@
+"""Memory per device of a plan: parameters, gradients, optimizer state and activations.
+
+Follows the per-scheme memory analysis surveyed by Liang et al. (TPDS 2023,
+§3): data parallelism replicates everything; ZeRO-3 / FSDP divides
+parameters, gradients and optimizer state by dp (plus the unit it has
+gathered); tensor parallelism divides the split weights and the split
+activations by tp; pipeline parallelism keeps one stage's share of each, and
+the schedule sets how many microbatches' activations are alive at once
+(GPipe: all m; 1F1B: at most p on the first stage). Everything is fp32, and
+the worst stage is reported (the device that runs out first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..parallel.dims import ParallelDims
+from ..parallel.pipeline import stage_layers
+from .profile import BYTES, ModelProfile
+
+# Optimizer state in parameter-sized tensors: SGD's momentum buffer; AdamW's two moments.
+OPTIMIZER_STATES = {"sgd": 1, "sgd-no-momentum": 0, "adamw": 2}
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes per device on the most loaded stage."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations
+
+
+def optimizer_states(name: str, momentum: float = 0.9) -> int:
+    return OPTIMIZER_STATES["sgd-no-momentum" if name == "sgd" and momentum == 0 else name]
+
+
+def stage_params(profile: ModelProfile, dims: ParallelDims, stage: int) -> tuple[float, float]:
+    """(parameters this stage's device holds after tp splits, the biggest FSDP unit among them)."""
+    first, last = stage == 0, stage == dims.pp - 1
+    blocks = len(stage_layers(profile.n_layers, stage, dims.pp)) if profile.n_layers else 0
+
+    def local(total: int, split: int) -> float:
+        return total - split + split / dims.tp
+
+    block = local(profile.block_params, profile.block_params_tp)
+    root = (local(profile.first_params, profile.first_params_tp) if first else 0.0) + \
+        (local(profile.last_params, profile.last_params_tp) if last else 0.0)
+    return blocks * block + root, max(block if blocks else 0.0, root)
+
+
+def activation_bytes(profile: ModelProfile, dims: ParallelDims, stage: int, global_batch: int) -> float:
+    """Activations alive at the peak of backward on ``stage``'s device."""
+    per_rank = global_batch / dims.dp
+    micro = per_rank / dims.microbatches
+    in_flight = dims.microbatches if dims.schedule == "gpipe" else min(dims.microbatches, dims.pp - stage)
+    samples = micro * in_flight if dims.pp > 1 else per_rank
+    blocks = len(stage_layers(profile.n_layers, stage, dims.pp)) if profile.n_layers else 0
+    per_sample = blocks * (profile.block_act_bytes + profile.block_act_bytes_tp / dims.tp)
+    if stage == dims.pp - 1:
+        per_sample += profile.last_act_bytes
+    return samples * per_sample
+
+
+def memory_per_device(profile: ModelProfile, dims: ParallelDims, global_batch: int, optimizer: str = "adamw",
+                      momentum: float = 0.9) -> Memory:
+    """The most loaded stage's device memory (bytes) under ``dims``."""
+    worst: Memory | None = None
+    for stage in range(dims.pp):
+        p, unit = stage_params(profile, dims, stage)
+        sharded = dims.dp_mode == "fsdp" and dims.dp > 1
+        if sharded:
+            # Shards, plus what FSDP has gathered: one unit at a time, or (pipelines keep units gathered
+            # from forward to backward, reshard_after_forward=False) the whole stage.
+            params = p / dims.dp + (p if dims.pp > 1 else unit)
+            grads = p / dims.dp
+        else:
+            params, grads = p, p
+        opt = optimizer_states(optimizer, momentum) * (p / dims.dp if sharded else p)
+        m = Memory(params * BYTES, grads * BYTES, opt * BYTES, activation_bytes(profile, dims, stage, global_batch))
+        if worst is None or m.total > worst.total:
+            worst = m
+    assert worst is not None
+    return worst
