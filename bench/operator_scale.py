@@ -6,7 +6,7 @@ cluster and in the same invocation:
 
 - **baseline**: a plain kubernetes-client script creating the same worker pods
   (the operator's own pod builder, minus owner references) from a thread pool
-  of ``--concurrency`` threads;
+  of ``--concurrency`` threads, run before and after the operator and averaged;
 - **operator**: ``cohort-operator`` (a subprocess, ``--api-concurrency`` equal
   to that concurrency) turning N TrainingJobs, created at the same
   concurrency, into the same number of pods, plus everything else a job
@@ -324,9 +324,15 @@ def main(argv: list[str] | None = None) -> int:
     nodes = cluster.create_nodes(f"bench-kwok-{uuid.uuid4().hex[:4]}", args.nodes, args.pods_per_node)
     try:
         for n in args.jobs or [100]:
-            base = run_baseline(cluster, n, args.workers, args.concurrency)
+            # The baseline runs before and after the operator and is averaged:
+            # a shared machine's load drifts, and both sides should see the same.
+            before = run_baseline(cluster, n, args.workers, args.concurrency)
             op = run_operator(cluster, n, args.workers, args.concurrency, args.idle_seconds, args.log)
+            after = run_baseline(cluster, n, args.workers, args.concurrency)
+            base = {k: (before[k] + after[k]) / 2 for k in before}
             print(table(n, args.workers, args.concurrency, base, op), flush=True)
+            print(f"(baseline before/after the operator: pods exist {before['exist_s']:.1f}/{after['exist_s']:.1f} s, "
+                  f"Ready {before['running_s']:.1f}/{after['running_s']:.1f} s)", flush=True)
             print(flush=True)
     finally:
         cluster.delete_nodes(nodes)

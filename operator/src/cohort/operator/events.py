@@ -13,6 +13,7 @@ import datetime as dt
 import logging
 import time
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 from .kubeapi import ApiError, Kube
@@ -23,6 +24,7 @@ from .naming import MANAGER
 
 log = logging.getLogger(__name__)
 AGGREGATE_S = 600.0
+MAX_DEFER_S = 5.0
 MAX_MESSAGE = 1024
 
 
@@ -40,10 +42,15 @@ class EventRecorder:
         self._queues: list[asyncio.Queue[tuple[dict[str, Any], str, str, str]]] = [
             asyncio.Queue() for _ in range(max(workers, 1))]
 
-    def start(self) -> list[asyncio.Task[None]]:
+    def start(self, busy: Callable[[], bool] | None = None) -> list[asyncio.Task[None]]:
+        """Start the posting workers. While ``busy()`` (reconciles waiting), Events wait up to
+        :data:`MAX_DEFER_S`: on a loaded API server the workers' pods come first."""
         async def drain(queue: asyncio.Queue[tuple[dict[str, Any], str, str, str]]) -> None:
             while True:
                 obj, type_, reason, message = await queue.get()
+                deadline = time.monotonic() + MAX_DEFER_S
+                while busy is not None and busy() and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
                 await self.post(obj, type_, reason, message)
 
         return [asyncio.create_task(drain(q), name=f"events-{i}") for i, q in enumerate(self._queues)]

@@ -51,7 +51,9 @@ class Kube:
         self.cfg = cfg
         self.base = cfg.host.rstrip("/")
         self.concurrency = concurrency
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s, connect=5)
+        # sock_connect, not connect: aiohttp's "connect" also counts the wait
+        # for a free pooled connection, which under load is not a failure.
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=10)
         self._session: aiohttp.ClientSession | None = None
 
     @classmethod

@@ -59,7 +59,8 @@ async def _lead(settings: Settings, kube: Kube, metrics: OperatorMetrics, electo
     stop = asyncio.Event()
     # Every task of ours exists before kopf starts: on shutdown kopf cancels
     # the tasks it did not find at its start, and ours stop in our own order.
-    workers = rec.queue.start(rec.reconcile, settings.max_concurrent_reconciles) + recorder.start()
+    workers = rec.queue.start(rec.reconcile, settings.max_concurrent_reconciles)
+    workers += recorder.start(busy=lambda: len(rec.queue) > 0)
     workers += [asyncio.create_task(rec.resync_forever(), name="resync"),
                 asyncio.create_task(prober.run(), name="prober")]
     if elector is not None:

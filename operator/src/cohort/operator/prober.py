@@ -46,7 +46,7 @@ class Prober:
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             timeout = aiohttp.ClientTimeout(total=self.settings.http_timeout_s,
-                                            connect=min(1.0, self.settings.http_timeout_s))
+                                            sock_connect=min(1.0, self.settings.http_timeout_s))
             self._session = aiohttp.ClientSession(timeout=timeout,
                                                   connector=aiohttp.TCPConnector(limit=CONCURRENCY))
         return self._session

@@ -111,7 +111,7 @@ class Reconciler:
                 self.queue.add_after(key, 2.0)
             except (OSError, asyncio.TimeoutError) as e:
                 self.metrics.errors.labels(where="reconcile").inc()
-                log.warning("reconcile %s/%s failed: %s; retrying", key[0], key[1], e)
+                log.warning("reconcile %s/%s failed: %r; retrying", key[0], key[1], e)
                 self.queue.add_after(key, 2.0)
             except Exception:
                 self.metrics.errors.labels(where="reconcile").inc()
@@ -154,8 +154,13 @@ class Reconciler:
         inputs = Inputs(job=job, spec=spec, status=mem.status, world=mem.world, pods=view_pods(pods, mem.uid),
                         now=now, straggler=mem.verdict, progress=mem.progress)
         plan = plan_job(inputs)
+        # The Service, RBAC and PDB wait for a reconcile that creates no pod:
+        # on a busy API server, every job's workers come first.
         if await self._execute(mem, job, spec, plan, gang_fields) and active:
-            await self._ensure_owned(mem, job, after)
+            if plan.create:
+                self.queue.add_after(mem.key, 1.0)
+            else:
+                await self._ensure_owned(mem, job, after)
 
     async def _invalid(self, mem: JobMemory, job: dict[str, Any], message: str) -> None:
         # The API server validates on admission; this guards objects stored
@@ -218,24 +223,27 @@ class Reconciler:
 
     async def _ensure_one(self, mem: JobMemory, obj: dict[str, Any]) -> str | None:
         """Create if absent; returns the object's description if it had been seen deleted."""
+        return (await self._create_owned(mem, obj))[1]
+
+    async def _create_owned(self, mem: JobMemory, obj: dict[str, Any]) -> tuple[bool, str | None]:
         ident = (obj["kind"], obj["metadata"]["name"])
         created = await self.kube.create_if_absent(kind_of(obj).path(mem.key[0]), obj)
         mem.ensured.add(ident)
         was_lost = ident in mem.lost
         mem.lost.discard(ident)
-        return f"{obj['kind']} {obj['metadata']['name']}" if created and was_lost else None
+        return created, (f"{obj['kind']} {obj['metadata']['name']}" if created and was_lost else None)
 
     async def _ensure_config(self, mem: JobMemory, obj: dict[str, Any], text: str) -> str | None:
         # Create first: for a new job that is the only call. Only an existing
         # config is read, and patched if the spec (so job.json) changed.
-        result = await self._ensure_one(mem, obj)
+        created, repaired = await self._create_owned(mem, obj)
         path = CONFIG_MAP.path(mem.key[0], obj["metadata"]["name"])
-        if result is None and mem.config_text != text:
+        if not created and mem.config_text != text:
             current = await self.kube.get(path)
             if current is not None and (current.get("data") or {}).get(CONFIG_KEY) != text:
                 await self.kube.patch(path, {"data": {CONFIG_KEY: text}})
         mem.config_text = text
-        return result
+        return repaired
 
     async def _ensure_gang(self, mem: JobMemory, job: dict[str, Any], spec: TrainingJobSpec,
                            now: dt.datetime) -> dict[str, Any]:

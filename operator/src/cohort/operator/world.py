@@ -127,8 +127,11 @@ def next_world(prev: World, ready: Sequence[Member], *, target: int, unit: int, 
     changed = [(m.pod, m.uid) for m in members] != [(m.pod, m.uid) for m in prev.members]
     if not changed:
         return dataclasses.replace(prev, members=tuple(members), spares=spares)
+    reasons = dict(why or {})
+    for m in survivors:  # Ready, yet out: the cap (scale-down) or too few to train
+        reasons.setdefault(m.pod, "waits as a spare" if size else "waits")
     return World(version=prev.version + 1, members=tuple(members), spares=spares,
-                 reason=describe_change(prev, members, why or {}, size=size, minimum=minimum))
+                 reason=describe_change(prev, members, reasons, size=size, minimum=minimum))
 
 
 def describe_change(prev: World, members: Sequence[Member], why: Mapping[str, str], *,

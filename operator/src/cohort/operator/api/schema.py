@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import re
 import types
 import typing
@@ -83,7 +84,9 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
+    # Cached: resolving annotations is slow, and the operator parses every job on every reconcile.
     return typing.get_type_hints(cls, include_extras=False)
 
 
@@ -208,7 +211,7 @@ def parse(cls: type[T], data: Any, path: str = "spec") -> T:
         data = {}
     if not isinstance(data, dict):
         raise ValidationError(f"{path}: must be an object, got {type(data).__name__}")
-    hints = _hints(cls)
+    hints = _hints(typing.cast(type, cls))
     by_json = {_json_name(f.name): f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - set(by_json))
     if unknown:
