@@ -1,0 +1,208 @@
+"""``sync.algorithm: gossip``: decentralised parallel SGD (Lian et al. 2017, D-PSGD).
+
+No DDP and no global collective while training: each rank steps on its own
+gradient, then every ``sync.period`` steps moves its parameters towards its
+neighbours' (sync/topology.py) by one gossip round. ``eval_model`` returns the
+consensus, the average of all replicas, computed on a copy.
+
+Every exchange follows CHOCO-Gossip (Koloskova et al. 2019; the machinery is in
+gossip_exchange.py): peers keep public copies of each other, messages carry the
+compressed difference between a rank's parameters and its public copy, and the
+consensus step is x += gamma * w * (theirs - mine). Uncompressed (fp32), this is
+exactly plain gossip averaging with gamma = 1; fp16/bf16 cast the difference
+(never the parameters, so rounding errors do not pile up); the sparsifiers and
+quantisers (topk, randomk, qsgd, terngrad, signsgd) need gamma < 1 and the
+contractive scaling of the unbiased ones. Error feedback is not used: the
+difference x - mine already carries what earlier messages left out.
+
+A round waits for its neighbours' messages (rounds stay in step, as in
+synchronous gossip) except from a straggler: a neighbour whose reported compute
+time per step exceeds ``straggler_threshold`` times this rank's. Exchanges with
+a straggler happen at its pace, and its neighbours keep theirs. The Sync is rebuilt at every world change: links start
+afresh (one dense exchange), at any world size; at size 1 it does nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from ..compression.base import derive_seed
+from ..compression.cast import FP32
+from ..compression.registry import build_compressor
+from . import topology
+from .base import Sync, SyncContext, ring_allreduce_bytes
+from .gossip_exchange import Link, PeerExchange
+
+
+def consensus_step(compression: Any) -> float:
+    """CHOCO's consensus step size gamma for ``spec.compression``.
+
+    1 for the (nearly) exact encodings, where gossip is plain averaging. The
+    others were tuned on digits with 4 ranks on a ring (docs/algorithms.md):
+    gamma must shrink with the fraction of information a message carries, or
+    the replicas' copies lag and the consensus step overshoots (with top-k at
+    1%, gamma = 0.5 diverges; 0.05 converges).
+    """
+    method = compression.method
+    if method in ("none", "fp16", "bf16"):
+        return 1.0
+    if method == "topk":
+        return min(1.0, 5.0 * compression.ratio)
+    if method == "randomk":
+        return min(1.0, 0.5 * compression.ratio)
+    return {"qsgd": 0.2, "terngrad": 0.3, "signsgd": 0.05}[method]
+
+
+@dataclass(frozen=True)
+class GossipConfig:
+    consensus_step: float = 1.0
+    """gamma in x += gamma * w * (theirs - mine); see consensus_step()."""
+    straggler_threshold: float = 1.5
+    """A neighbour computing this many times slower than this rank is not waited for."""
+    patience: float = 20.0
+    """Most a round waits for one message, in units of this rank's mean compute time per step."""
+    min_patience_s: float = 1.0
+    """...and at least this long: on shared cores a healthy peer can be descheduled for a while."""
+    first_round_patience_s: float = 30.0
+    """The first round waits this long (links are being set up; no step time is known yet)."""
+
+
+class GossipSync(Sync):
+    def __init__(self, ctx: SyncContext, config: GossipConfig | None = None):
+        super().__init__(ctx)
+        spec = ctx.spec
+        self.topology, self.period = spec.sync.topology, max(1, int(spec.sync.period))
+        method = spec.compression.method
+        self.config = config or GossipConfig(consensus_step=consensus_step(spec.compression))
+        self.codec = FP32() if method == "none" else build_compressor(spec.compression, contractive=True)
+        self.seed = derive_seed(spec.workload.seed, 0x605)
+        self.weight = topology.edge_weight(self.topology, ctx.world_size)
+        self.exchange: PeerExchange | None = None
+        self.rounds = 0
+        self._left_at: float | None = None      # when after_step last returned
+        self._compute_s: float | None = None    # mean compute seconds per step (EMA)
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return model  # each rank trains on its own gradients; no DDP
+
+    # --- training ----------------------------------------------------------------
+    def after_step(self, model: nn.Module, step: int) -> None:
+        entered = time.perf_counter()
+        if self._left_at is not None:  # time outside the Sync: this rank's compute
+            dt = entered - self._left_at
+            self._compute_s = dt if self._compute_s is None else 0.9 * self._compute_s + 0.1 * dt
+        if self.ctx.world_size > 1 and step % self.period == 0:
+            x = parameters_to_vector(model.parameters()).detach()
+            self._round(self._exchange(x.numel()), x, step)
+            vector_to_parameters(x, model.parameters())
+            self.rounds += 1
+        self._left_at = time.perf_counter()
+
+    def _exchange(self, numel: int) -> PeerExchange:
+        if self.exchange is None:
+            peers = topology.peers(self.topology, self.ctx.rank, self.ctx.world_size)
+            self.exchange = PeerExchange(self.ctx.rank, peers, numel, self.codec, self.ctx.stats, self.seed,
+                                         self.ctx.group)
+        return self.exchange
+
+    def _round(self, ex: PeerExchange, x: torch.Tensor, step: int) -> None:
+        now = [ex.links[p] for p in topology.neighbours(self.topology, self.ctx.rank, self.ctx.world_size,
+                                                        self.rounds, self.seed)]
+        for link in ex.links.values():
+            ex.post(link)
+        # At most one message per link per round: a rank that is behind must not
+        # answer twice per round, or its neighbours would run ahead at twice its pace.
+        sent: set[int] = set()
+        self._take_arrivals(ex, x, step, sent)  # first: what arrived restores credit to send
+        for link in now:
+            if link.peer not in sent and ex.may_send(link):
+                self._send(ex, link, x, step, sent)
+        deadline = time.perf_counter() + self._patience_s()
+        while True:
+            expected = [lk for lk in now if lk.awaiting and self._keeping_up(lk, step)]
+            if not expected or time.perf_counter() >= deadline:
+                break
+            ex.wait_any(expected, deadline)
+            self._take_arrivals(ex, x, step, sent)
+        for link in now:
+            if link.awaiting and self._keeping_up(link, step):
+                link.waited_for = link.sent  # gave up on this one: do not wait for it again
+
+    def _send(self, ex: PeerExchange, link: Link, x: torch.Tensor, step: int, sent: set[int]) -> None:
+        sent.add(link.peer)
+        if ex.send(link, x, step, self._compute_s or 0.0):
+            self._consensus(x, link)
+
+    def _take_arrivals(self, ex: PeerExchange, x: torch.Tensor, step: int, sent: set[int]) -> None:
+        for link in ex.links.values():
+            while ex.arrived(link):
+                if ex.receive(link):
+                    self._consensus(x, link)
+                if link.sent < link.received and link.peer not in sent:  # answer: completes the exchange
+                    self._send(ex, link, x, step, sent)
+                ex.post(link)
+
+    def _keeping_up(self, link: Link, step: int) -> bool:
+        """Worth waiting for: a neighbour at or behind this step that is not a straggler.
+
+        A neighbour already past this step owes us nothing yet (its next
+        message comes from its next round) or is busy elsewhere (e.g. waiting
+        at an evaluation for us to arrive): waiting would only stall.
+        """
+        if link.received == 0:
+            return True  # a world's first round: set every link up
+        if link.waited_for == link.sent or link.peer_step >= step:
+            return False
+        return link.peer_compute_s <= self.config.straggler_threshold * (self._compute_s or 0.0)
+
+    def _consensus(self, x: torch.Tensor, link: Link) -> None:
+        assert link.mine is not None and link.theirs is not None
+        x.add_(link.theirs - link.mine, alpha=self.config.consensus_step * self.weight)
+
+    def _patience_s(self) -> float:
+        if self._compute_s is None:
+            return self.config.first_round_patience_s
+        return max(self.config.min_patience_s, self.config.patience * self._compute_s)
+
+    # --- evaluation ----------------------------------------------------------------
+    def settle(self, model: nn.Module) -> None:
+        """Collective: finish every exchange in flight (all ranks call it at the same point)."""
+        if self.exchange is None or self.ctx.world_size <= 1:
+            return
+        x = parameters_to_vector(model.parameters()).detach()
+        for link in self.exchange.drain(self.ctx.world_size):
+            self._consensus(x, link)
+        vector_to_parameters(x, model.parameters())
+        self._left_at = None  # evaluation time is not compute time
+
+    def eval_model(self, model: nn.Module) -> nn.Module:
+        """The consensus model (the replicas' average), on a copy; training state is untouched."""
+        world = self.ctx.world_size
+        if world <= 1:
+            return model
+        self.settle(model)
+        avg = parameters_to_vector(model.parameters()).detach().clone()
+        dist.all_reduce(avg, group=self.ctx.group)
+        avg.div_(world)
+        self.ctx.stats.record(ring_allreduce_bytes(4 * avg.numel(), world), 0, 0)  # wire only: not a sync payload
+        consensus = copy.deepcopy(model)
+        vector_to_parameters(avg, consensus.parameters())
+        return consensus
+
+    def consensus_distance(self, model: nn.Module) -> float:
+        """Collective: mean over ranks of ||w_i - w_bar|| (how far replicas are from agreeing)."""
+        x = parameters_to_vector(model.parameters()).detach()
+        avg = x.clone()
+        dist.all_reduce(avg, group=self.ctx.group)
+        avg.div_(self.ctx.world_size)
+        dev = torch.tensor([float((x - avg).norm())])
+        dist.all_reduce(dev, group=self.ctx.group)
+        return float(dev) / self.ctx.world_size

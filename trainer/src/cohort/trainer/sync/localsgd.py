@@ -1,0 +1,120 @@
+"""``sync.algorithm: localsgd``: post-local SGD (Lin et al. 2020, "Don't Use Large
+Mini-Batches, Use Local SGD"; Stich 2019, "Local SGD Converges Fast and
+Communicates Little"), with torch's own pieces.
+
+For the first ``warmup_steps`` steps, DDP allreduces gradients (torch's
+``post_localSGD_hook``); after that each rank steps on its own gradients and
+every ``sync.period`` steps the replicas average their parameters (torch's
+``PeriodicModelAverager``). The hook's subgroup, normally the ranks sharing a
+machine, is explicit here: a Cohort pod is its own machine, so the subgroup is
+the rank alone (torch's default subgroup needs CUDA and fails on CPU).
+
+fp16/bf16 apply to both exchanges: the warm-up gradients (torch's
+``fp16_compress_wrapper``; a cast wrapper of Cohort's for bf16, which torch
+limits to NCCL) and the averaging, which sends the change since the previous
+average in 16 bits (every rank holds that previous average bit for bit), so
+rounding touches the small update, not the weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as plsgd
+from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from .allreduce import timed_hook
+from .base import Sync, SyncContext, ring_allreduce_bytes
+
+CAST = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class LocalSGDConfig:
+    warmup_steps: int = 10
+    """Steps of fully synchronous SGD (gradient allreduce) before local SGD starts."""
+
+
+class CastPeriodicAverager(PeriodicModelAverager):
+    """torch's PeriodicModelAverager, with the averaged quantity optionally cast to 16 bits."""
+
+    def __init__(self, period: int, warmup_steps: int, group: dist.ProcessGroup | None, ctx: SyncContext,
+                 dtype: torch.dtype | None):
+        super().__init__(period=period, warmup_steps=warmup_steps, process_group=group)
+        self.ctx, self.dtype = ctx, dtype
+        self.reference: torch.Tensor | None = None  # the last average, identical on every rank
+
+    def average_parameters(self, params: Any) -> None:
+        params = list(params)
+        due = self.step >= self.warmup_steps and (self.step - self.warmup_steps) % self.period == 0
+        n, world = sum(p.numel() for p in params), self.ctx.world_size
+        if not due:
+            self.step += 1
+            return
+        if self.dtype is None:
+            self.ctx.stats.record(ring_allreduce_bytes(4 * n, world), 4 * n, 4 * n)
+            super().average_parameters(params)  # torch's fp32 average (and its step counter)
+            return
+        x = parameters_to_vector(params).detach()
+        if self.reference is None:  # first average of this world: in fp32, to agree on the reference
+            self.ctx.stats.record(ring_allreduce_bytes(4 * n, world), 4 * n, 4 * n)
+            dist.all_reduce(x.div_(world), group=self.process_group)
+        else:
+            delta = (x - self.reference).div_(world).to(self.dtype)
+            self.ctx.stats.record(ring_allreduce_bytes(2 * n, world), 2 * n, 4 * n)
+            dist.all_reduce(delta, group=self.process_group)
+            x = self.reference + delta.float()
+        self.reference = x.clone()
+        vector_to_parameters(x, params)
+        self.step += 1
+
+
+class LocalSGDSync(Sync):
+    def __init__(self, ctx: SyncContext, config: LocalSGDConfig | None = None):
+        super().__init__(ctx)
+        self.config = config or LocalSGDConfig()
+        self.dtype = CAST[ctx.spec.compression.method]
+        self.hook_state: plsgd.PostLocalSGDState | None = None
+        self.averager: CastPeriodicAverager | None = None
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        if self.ctx.world_size == 1:
+            return model
+        # One subgroup per rank; every rank must take part in creating all of them.
+        subgroup, _ = dist.new_subgroups(group_size=1, group=self.ctx.group)
+        self.hook_state = plsgd.PostLocalSGDState(process_group=self.ctx.group, subgroup=subgroup,
+                                                  start_localSGD_iter=self.config.warmup_steps)
+        ddp = DDP(model, process_group=self.ctx.group, broadcast_buffers=False)
+        ddp.register_comm_hook(self.hook_state, timed_hook(self._hook(), self.ctx.stats))
+        self.averager = CastPeriodicAverager(max(1, int(self.ctx.spec.sync.period)), self.config.warmup_steps,
+                                             self.ctx.group, self.ctx, self.dtype)
+        return ddp
+
+    def _hook(self) -> Any:
+        hook = plsgd.post_localSGD_hook
+        if self.dtype is not None:
+            from ..compression.hooks import cast_wrapper  # compressors are optional machinery
+
+            hook = cast_wrapper(hook, self.dtype)
+        ctx, bpe = self.ctx, 4 if self.dtype is None else 2
+
+        def accounted(state: plsgd.PostLocalSGDState, bucket: dist.GradBucket) -> Any:
+            if state.iter < state.start_localSGD_iter:  # global allreduce; afterwards a group of one
+                n = bucket.buffer().numel()
+                ctx.stats.record(ring_allreduce_bytes(bpe * n, ctx.world_size), bpe * n, 4 * n)
+            return hook(state, bucket)
+        return accounted
+
+    def after_step(self, model: nn.Module, step: int) -> None:
+        if self.averager is None or self.hook_state is None:
+            return
+        # Count in the trainer's steps, which survive world changes (a new Sync starts from 0).
+        self.hook_state.iter = step
+        self.averager.step = step
+        self.averager.average_parameters(model.parameters())
