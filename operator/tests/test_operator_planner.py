@@ -274,3 +274,10 @@ def test_progress_is_copied_into_status():
     assert (pr.step, pr.epoch, pr.loss, pr.samples_per_second, pr.plan) == (42, 1, 0.5, 1000.0, "dp=2")
     assert pr.updated_at == fmt_time(NOW)
     assert plan.status.last_checkpoint.step == 40 and plan.status.last_checkpoint.time.startswith("2026-01-01")
+
+
+def test_rank0_success_wins_over_peers_failing_on_the_way_out():
+    pods = [pod(0, ready=False, phase="Succeeded", succeeded=True, exit_code=0),
+            pod(1, ready=False, phase="Failed", failed=True, exit_code=1)]
+    plan = run(pods, status=running(1, 0, 1, restarts=3), w=world(1, 0, 1))
+    assert plan.status.phase == "Succeeded" and plan.status.restarts == 3

@@ -13,12 +13,12 @@ from kubernetes.client.rest import ApiException
 
 from tests.support.kube import condition, wait_for
 from tests.support.operator import (  # noqa: F401  (operator_fixture is the ``operator`` fixture)
-    event_reasons,
     gone,
     job_manifest,
     operator_fixture,
     pods,
     wait_condition,
+    wait_event,
     wait_phase,
 )
 
@@ -67,7 +67,7 @@ def test_no_gang_api_is_a_clear_condition_not_silence(cluster, namespace, operat
     cond = wait_condition(cluster, namespace, "solo", "GangScheduling", "False")
     assert cond["reason"] == "Unsupported"
     assert "no gang scheduling API" in cond["message"] and "PodGroup" in cond["message"]
-    assert "GangSchedulingUnsupported" in event_reasons(cluster, namespace, "solo")
+    wait_event(cluster, namespace, "solo", "GangSchedulingUnsupported")
     job = wait_phase(cluster, namespace, "solo", "Running")  # workers are still scheduled, one by one
     assert condition(job, "GangScheduling")["status"] == "False"
 

@@ -58,7 +58,8 @@ def test_pending_until_min_ready_then_running(cluster, namespace, operator):
     bind(cluster, namespace, names[2])
     job = wait_condition(cluster, namespace, "pend", "Ready")
     assert world(cluster, namespace, "pend")["version"] == 2
-    assert {"PodCreated", "WorldPublished", "Running"} <= set(event_reasons(cluster, namespace, "pend"))
+    for reason in ("PodCreated", "WorldPublished", "Running"):
+        wait_event(cluster, namespace, "pend", reason)
 
 
 def test_failed_worker_leaves_the_world_at_once_and_is_replaced_after_backoff(cluster, namespace, operator):
@@ -80,7 +81,11 @@ def test_failed_worker_leaves_the_world_at_once_and_is_replaced_after_backoff(cl
     job = wait_phase(cluster, namespace, "fail", "Running", 15)
     assert job["status"]["world"]["members"] == ["fail-worker-0", "fail-worker-2"]
     assert pod_names(cluster, namespace, "fail") == ["fail-worker-0", "fail-worker-2"]
-    assert {"WorkerFailed", "Recovering", "PodDeleted"} <= set(event_reasons(cluster, namespace, "fail"))
+    wait_for(lambda: {"WorkerFailed", "Recovering", "PodDeleted"} <= set(event_reasons(cluster, namespace, "fail")),
+             10, what="the Events of the recovery")
+    story = kubectl(cluster, "describe", "tj/fail", "-n", namespace).stdout
+    for line in ("Phase:", "Restarts:", "Conditions:", "WorkerFailed", "WorldPublished", "exit code 137"):
+        assert line in story, f"kubectl describe lacks {line!r}:\n{story}"
 
 
 def test_spare_is_promoted_at_once(cluster, namespace, operator):
@@ -114,7 +119,7 @@ def test_too_many_restarts_fail_the_job(cluster, namespace, operator):
     assert job["status"]["restarts"] == 2 and job["status"]["completionTime"]
     assert condition(job, "Running")["status"] == "False"
     wait_for(lambda: pod_names(cluster, namespace, "flaky") == [], 15, what="pods deleted")
-    assert "Failed" in event_reasons(cluster, namespace, "flaky")
+    wait_event(cluster, namespace, "flaky", "Failed")
 
 
 def test_below_min_timeout_fails_the_job(cluster, namespace, operator):
@@ -147,7 +152,7 @@ def test_success_policy_then_ttl_cleans_up(cluster, namespace, operator, policy)
     # Running pods and the spare are deleted; finished pods stay for their logs until the TTL.
     wait_for(lambda: all(p.status.phase == "Succeeded" for p in pods(cluster, namespace, "done")), 10,
              what="only finished pods left")
-    assert "Succeeded" in event_reasons(cluster, namespace, "done")
+    wait_event(cluster, namespace, "done", "Succeeded")
     wait_for(lambda: gone(cluster.get_job, namespace, "done"), 20, what="ttlSecondsAfterFinished deletion")
 
 
@@ -164,14 +169,14 @@ def test_suspend_keeps_status_and_resume_recreates(cluster, namespace, operator)
     assert world(cluster, namespace, "nap")["members"] == []
     job = cluster.get_job(namespace, "nap")
     assert job["status"]["restarts"] == 1 and job["status"]["replicas"]["active"] == 0  # status kept
-    assert "Suspended" in event_reasons(cluster, namespace, "nap")
+    wait_event(cluster, namespace, "nap", "Suspended")
     cluster.patch_job(namespace, "nap", {"spec": {"runPolicy": {"suspend": False}}})
     job = wait_phase(cluster, namespace, "nap", "Running", 20)
     assert condition(job, "Suspended")["status"] == "False"
     names = pod_names(cluster, namespace, "nap")
     assert len(names) == 2 and "nap-worker-0" not in names  # new pods, new names
     assert job["status"]["restarts"] == 1
-    assert "Resumed" in event_reasons(cluster, namespace, "nap")
+    wait_event(cluster, namespace, "nap", "Resumed")
 
 
 def test_active_deadline_fails_with_deadline_exceeded(cluster, namespace, operator):

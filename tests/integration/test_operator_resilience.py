@@ -19,7 +19,6 @@ from kubernetes import client
 from tests.support.kube import wait_for
 from tests.support.operator import (  # noqa: F401  (operator_fixture is the ``operator`` fixture)
     Operator,
-    event_reasons,
     job_manifest,
     operator_fixture,
     pod_names,
@@ -82,7 +81,7 @@ def test_repairs_drift(cluster, namespace, operator):
     job = running_with(cluster, namespace, "rep", 2, 2)
     assert pod_names(cluster, namespace, "rep") == ["rep-worker-1", "rep-worker-2"]
     assert job["status"]["restarts"] == 0  # a deletion is not a failure
-    assert "WorkerLost" in event_reasons(cluster, namespace, "rep")
+    wait_event(cluster, namespace, "rep", "WorkerLost")
 
 
 def test_sigkill_and_restart_three_times_leaves_exactly_the_expected_pods(cluster, namespace, operator):

@@ -20,7 +20,6 @@ from tests.support.kube import condition, wait_for
 from tests.support.operator import (  # noqa: F401  (operator_fixture is the ``operator`` fixture)
     MANUAL_SCHEDULER,
     bind,
-    event_reasons,
     job_manifest,
     operator_fixture,
     pod_names,
@@ -42,7 +41,7 @@ class FakeWorker:
         worker = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 steps = int((time.monotonic() - worker.started) * STEPS_PER_S)
                 if self.path == "/metrics":
                     body = ("# TYPE cohort_step_compute_seconds histogram\n"
@@ -136,7 +135,7 @@ def test_progress_is_read_and_a_slow_worker_is_replaced_away_from_its_node(clust
             cluster.get_job(namespace, "slow")), 15, what="straggler replaced")
         # One new version: the straggler out, the replacement appended.
         assert job["status"]["world"]["members"] == [names[0], names[2], replacement.metadata.name]
-        assert "StragglerReplaced" in event_reasons(cluster, namespace, "slow")
+        wait_event(cluster, namespace, "slow", "StragglerReplaced")
         straggler = cluster.core.read_namespaced_pod(names[1], namespace)
         assert straggler.metadata.deletion_timestamp is not None  # no kubelet here to finish it
         assert condition(job, "Ready")["status"] == "True" and job["status"]["phase"] == "Running"

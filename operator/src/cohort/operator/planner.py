@@ -7,9 +7,10 @@ membership (docs/contracts.md §3) in one readable pass, in this order:
 2. finished jobs only clean up (and honour ``ttlSecondsAfterFinished``);
 3. suspended jobs delete their pods and publish an empty world;
 4. ``activeDeadlineSeconds``;
-5. failed workers are counted once (``status.retiring``), deleted, and leave
+5. ``successPolicy``: the current rank 0 (or every member) exited 0 (checked
+   before failures: peers of a finished rank 0 may fail on their way out);
+6. failed workers are counted once (``status.retiring``), deleted, and leave
    the world; past ``maxRestarts`` the job fails;
-6. ``successPolicy``: the current rank 0 (or every member) exited 0;
 7. stragglers: a replacement avoiding the slow pod's node is started, and
    swapped in once Ready;
 8. the next world is published at once (no backoff on membership);
@@ -143,6 +144,14 @@ def plan_job(x: Inputs) -> Plan:
         p.requeue(left)
 
     world = x.world
+    by_name = {v.name: v for v in ours}
+    done = {v.name for v in ours if v.succeeded}
+    # Success first: when rank 0 finishes, its peers often fail on the way out
+    # (their collectives lose a peer); that is not a failure of the job.
+    if world.members and _succeeded(spec, world, done):
+        _succeed(x, p, by_name.get(world.members[0].pod))
+        return p
+
     why: dict[str, str] = {}  # members leaving, and why (for the world's reason)
     lost_member = False
     ft = spec.fault_tolerance
@@ -168,11 +177,6 @@ def plan_job(x: Inputs) -> Plan:
             lost_member = True
         p.remove(v, "failed")
 
-    by_name = {v.name: v for v in ours}
-    done = {v.name for v in ours if v.succeeded}
-    if world.members and _succeeded(spec, world, done):
-        _succeed(x, p, by_name.get(world.members[0].pod))
-        return p
     # A member finished: the job is completing. Freeze membership and creation
     # so the others can finish too instead of being re-formed into a new world.
     completing = any(n in done for n in world.names)
