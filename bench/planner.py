@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
+import os
 import statistics
 import sys
 import time
@@ -88,6 +89,7 @@ def _step_worker(rank: int, world: int, port: int, args: argparse.Namespace, pla
     if rank == 0:
         out.put([statistics.median(t) for t in times])
     dist.destroy_process_group()
+    os._exit(0)  # skip interpreter teardown: the TCPStore's native threads can hold it for seconds
 
 
 def measure_plans(args: argparse.Namespace, plans: list) -> list[float]:

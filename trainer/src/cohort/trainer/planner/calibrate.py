@@ -76,6 +76,7 @@ def _allreduce_worker(rank: int, world: int, p: int, port: int, sizes: Sequence[
     if rank == 0:
         out.put(results)
     dist.destroy_process_group()
+    os._exit(0)  # skip interpreter teardown: the TCPStore's native threads can hold it for seconds
 
 
 def measure_allreduce(p: int, world: int | None = None, sizes: Sequence[int] = (*SIZES, 16 * 2 ** 20),
@@ -123,6 +124,7 @@ def _sync_worker(rank: int, world: int, p: int, port: int, rounds: int, out: Any
     if rank == 0:
         out.put(statistics.median(penalties))
     dist.destroy_process_group()
+    os._exit(0)  # skip interpreter teardown: the TCPStore's native threads can hold it for seconds
 
 
 def measure_sync(p: int, world: int, rounds: int = 40) -> float:
@@ -189,6 +191,7 @@ def _overhead_worker(rank: int, port: int, out: Any) -> None:
     out.put({"layer_overhead_s": max(plain, 0.0), "tp_layer_overhead_s": max(tp, 0.0),
              "fsdp_unit_overhead_s": max(fsdp_unit, 0.0), "microbatch_overhead_s": max(per_microbatch, 0.0)})
     dist.destroy_process_group()
+    os._exit(0)  # skip interpreter teardown: the TCPStore's native threads can hold it for seconds
 
 
 def measure_overheads() -> dict[str, float]:
