@@ -100,3 +100,25 @@ def test_work_queue_dedupes_and_reprocesses_keys_marked_dirty_meanwhile():
 
     seen = asyncio.run(main())
     assert sorted(seen) == ["a", "a", "b"]
+
+
+def test_work_queue_serves_urgent_keys_first():
+    from cohort.operator.workqueue import BACKGROUND, URGENT
+
+    async def main() -> list[str]:
+        q = WorkQueue()
+        seen: list[str] = []
+
+        async def process(key):
+            seen.append(key)
+
+        q.add("resync", BACKGROUND)
+        q.add("routine")
+        q.add("new-job", URGENT)
+        q.add("routine", URGENT)  # promoted: served once, in the urgent lane
+        task = asyncio.create_task(q.run(process, workers=1))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        return seen
+
+    assert asyncio.run(main()) == ["new-job", "routine", "resync"]

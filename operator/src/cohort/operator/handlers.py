@@ -23,6 +23,9 @@ from .api.models import GROUP, PLURAL, VERSION
 from .jobstate import fingerprint
 from .naming import LABEL_JOB, LABEL_OPERATOR
 from .reconciler import Reconciler
+from .workqueue import NORMAL, URGENT
+
+POD_BATCH_S = 0.2
 
 # Owned kinds whose deletion must be repaired: (group, version, plural, kind).
 OWNED_KINDS = (
@@ -91,13 +94,23 @@ def build_registry(rec: Reconciler) -> kopf.OperatorRegistry:
         fp = fingerprint(mem.body)
         if fp != mem.fingerprint or type is None:
             mem.fingerprint = fp
-            rec.queue.add(key)
+            # New or changed specs are urgent; the initial listing after a start is not.
+            rec.queue.add(key, NORMAL if type is None else URGENT)
 
     @kopf.on.event("v1", "pods", registry=registry)
-    def pod_event(*, namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+    def pod_event(*, type: str, event: kopf.RawEvent, namespace: str | None, labels: Mapping[str, str],
+                  **_: Any) -> None:
         job = labels.get(LABEL_JOB)
-        if job:
-            rec.queue.add((namespace or "", job))
+        if not job:
+            return
+        key = (namespace or "", job)
+        raw: Any = event.get("object") or {}
+        if type == "DELETED" or (raw.get("metadata") or {}).get("deletionTimestamp") or \
+                (raw.get("status") or {}).get("phase") in ("Failed", "Succeeded"):
+            rec.queue.add(key, URGENT)  # a member may be gone: the world changes at once
+        else:
+            # Pods of a job change together (created, scheduled, Ready): one reconcile for the burst.
+            rec.queue.add_after(key, POD_BATCH_S)
 
     for group, version, plural, kind in OWNED_KINDS:
         args = ("v1", plural) if not group else (group, version, plural)

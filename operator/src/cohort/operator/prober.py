@@ -31,7 +31,7 @@ from .reconciler import Reconciler
 from .stragglers import detect_straggler, parse_compute_sample
 
 log = logging.getLogger(__name__)
-MAX_BACKOFF_S = 120.0
+MAX_BACKOFF_S = 300.0
 CONCURRENCY = 32
 
 

@@ -39,7 +39,7 @@ from .observe import view_pods
 from .planner import Inputs, Plan, plan_job
 from .pods import build_worker_pod
 from .settings import Settings
-from .workqueue import WorkQueue
+from .workqueue import BACKGROUND, WorkQueue
 from .world import Member, World
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class Reconciler:
             await asyncio.sleep(self.settings.resync_s)
             for key, mem in list(self.jobs.items()):
                 if mem.body is not None:
-                    self.queue.add(key)
+                    self.queue.add(key, BACKGROUND)
 
     # --- one reconcile -------------------------------------------------------
     async def reconcile(self, key: Any) -> None:
@@ -150,15 +150,19 @@ class Reconciler:
         if active:
             await self._ensure_owned(mem, job, before, world=True)
             gang_fields = await self._ensure_gang(mem, job, spec, now)
-        pods = await self.kube.list(POD.path(ns), label_selector=f"{LABEL_JOB}={name}")
+        if mem.fresh:
+            pods = []  # status.podIndex was 0: no pod of this job was ever created
+        else:
+            pods = await self.kube.list(POD.path(ns), label_selector=f"{LABEL_JOB}={name}")
         inputs = Inputs(job=job, spec=spec, status=mem.status, world=mem.world, pods=view_pods(pods, mem.uid),
                         now=now, straggler=mem.verdict, progress=mem.progress)
         plan = plan_job(inputs)
+        mem.fresh = False
         # The Service, RBAC and PDB wait for a reconcile that creates no pod:
         # on a busy API server, every job's workers come first.
         if await self._execute(mem, job, spec, plan, gang_fields) and active:
             if plan.create:
-                self.queue.add_after(mem.key, 1.0)
+                self.queue.add_after(mem.key, 1.0, BACKGROUND)
             else:
                 await self._ensure_owned(mem, job, after)
 
@@ -186,7 +190,10 @@ class Reconciler:
         mem.written = to_dict(mem.status)
         mem.loaded = True
         if mem.status.pod_index == 0 and mem.status.world.version == 0:
-            return  # a new job: no pod, so no world, was ever written
+            # A new job: pods are created only after podIndex is persisted, so
+            # none exists, and no world was ever written.
+            mem.fresh = True
+            return
         cm = await self.kube.get(CONFIG_MAP.path(ns, world_map_name(name)))
         stored = World.parse(((cm or {}).get("data") or {}).get(WORLD_KEY))
         from_status = World(version=mem.status.world.version,
@@ -208,8 +215,10 @@ class Reconciler:
                 todo.append(self._ensure_config(mem, obj, text))
             elif ident not in mem.ensured:
                 todo.append(self._ensure_one(mem, obj))
+        # The world ConfigMap appears with the first world (workers wait for it);
+        # after that it is recreated if deleted.
         name = world_map_name(mem.key[1])
-        if world and (("World", name) in mem.lost or ("ConfigMap", name) not in mem.ensured):
+        if world and mem.world.version > 0 and (("World", name) in mem.lost or ("ConfigMap", name) not in mem.ensured):
             todo.append(self._write_world(mem, job, mem.world, create_only=True))
         if not todo:
             return

@@ -26,8 +26,8 @@ class Settings:
     Lets a second operator (a canary, a test) run beside the main one without both acting on a job."""
     default_image: str = DEFAULT_IMAGE
     """Trainer image for jobs whose spec.image is empty."""
-    resync_s: float = 60.0
-    """Every job is reconciled at least this often, events or not."""
+    resync_s: float = 300.0
+    """Every job is reconciled at least this often, events or not (watches and timers do the rest)."""
     progress_s: float = 10.0
     """How often rank 0's /progress and the members' /metrics are read."""
     max_concurrent_reconciles: int = 16
