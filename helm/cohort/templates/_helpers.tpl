@@ -15,6 +15,15 @@ Names, labels and small computed values shared by the templates.
 {{- end -}}
 {{- end -}}
 
+{{/* A cluster-scoped object's name: <namespace>-<fullname><suffix>, so that releases of the
+same name in different namespaces (one per team, say) do not collide. Call with (list $ "-suffix"). */}}
+{{- define "cohort.clusterName" -}}
+{{- $root := index . 0 -}}
+{{- $suffix := index . 1 -}}
+{{- $prefix := printf "%s-%s" $root.Release.Namespace (include "cohort.fullname" $root) | trunc (int (sub 63 (len $suffix))) | trimSuffix "-" -}}
+{{- printf "%s%s" $prefix $suffix -}}
+{{- end -}}
+
 {{- define "cohort.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}

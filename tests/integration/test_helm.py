@@ -1,0 +1,375 @@
+"""The Helm chart (helm/cohort) against the local control plane.
+
+- ``helm lint`` is clean, and values.schema.json refuses bad values;
+- ``helm template | kubectl apply --dry-run=server`` passes with and without
+  the optional features (the prometheus-operator kinds against minimal
+  monitoring.coreos.com CRDs installed for the test and removed after);
+- the rendered operator follows its values (leader election, namespaces, security);
+- a release on process nodes: the operator runs under the chart's
+  ServiceAccount token, takes its Lease, reconciles a job to Succeeded, and
+  each ServiceAccount (operator, the job's workers) passes its must-allow and
+  must-deny SubjectAccessReview checks; then upgrade and uninstall.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+
+import pytest
+import yaml
+from kubernetes.client.rest import ApiException
+
+from tests.support import helm
+from tests.support.kube import Cluster, wait_for
+from tests.support.operator import free_port
+from tests.support.processnodes import process_nodes  # noqa: F401  (a session fixture)
+from tests.support.prometheus import exported_names
+
+pytestmark = pytest.mark.k8s
+
+ALL_FEATURES = {
+    "operator": {"replicas": 2, "watchNamespaces": ["ns-placeholder"]},
+    "networkPolicy": {"enabled": True},
+    "crds": {"enabled": False},
+    "grafana": {"dashboard": {"annotations": {"grafana_folder": "Cohort"}}},
+    "prometheusRule": {"additionalLabels": {"team": "ml"}},
+}
+
+
+def _with_namespace(values: dict, ns: str) -> dict:
+    return yaml.safe_load(yaml.safe_dump(values).replace("ns-placeholder", ns))
+
+
+# --- lint and schema ---------------------------------------------------------------
+
+@pytest.mark.parametrize("values", [None, ALL_FEATURES], ids=["defaults", "all-features"])
+def test_helm_lint_is_clean(values):
+    proc = helm.run([helm.helm_bin(), "lint", "--strict", str(helm.CHART), *helm.set_args(values)], check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"operator": {"replicas": -1}}, "/operator/replicas"),
+    ({"operator": {"watchnamespaces": ["a"]}}, "watchnamespaces"),
+    ({"operator": {"logLevel": "LOUD"}}, "/operator/logLevel"),
+    ({"image": {"digest": "latest"}}, "/image/digest"),
+    ({"metrics": {"podMonitor": {"interval": "often"}}}, "/metrics/podMonitor/interval"),
+])
+def test_schema_refuses_bad_values(values, message):
+    proc = helm.run([helm.helm_bin(), "template", "x", str(helm.CHART), *helm.set_args(values)], check=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
+# --- rendering ---------------------------------------------------------------------
+
+def test_single_replica_runs_standalone_with_a_restricted_pod():
+    docs = helm.render()
+    (dep,) = helm.find(docs, "Deployment")
+    spec = dep["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    assert "--standalone" in c["args"] and not any(a.startswith("--lease") for a in c["args"])
+    assert dep["spec"]["strategy"]["type"] == "Recreate"  # two standalone operators must never overlap
+    assert "--default-image=cohort-trainer:0.1.0" in c["args"]
+    assert c["image"] == "cohort-operator:0.1.0"
+    assert spec["serviceAccountName"] == "cohort"
+    assert spec["securityContext"]["runAsNonRoot"] and spec["securityContext"]["seccompProfile"]["type"] == \
+        "RuntimeDefault"
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] and sc["runAsNonRoot"] and not sc["allowPrivilegeEscalation"]
+    assert sc["capabilities"]["drop"] == ["ALL"] and sc["seccompProfile"]["type"] == "RuntimeDefault"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["resources"]["requests"] and c["resources"]["limits"]
+    # Cluster-wide by default: a ClusterRole for the jobs, no Role, no Lease permissions.
+    assert helm.find(docs, "ClusterRole", "cohort-system-cohort") and not helm.find(docs, "Role")
+    # No prometheus-operator kinds without monitoring.coreos.com/v1.
+    assert not [d for d in docs if d["apiVersion"].startswith("monitoring.coreos.com")]
+    (cm,) = helm.find(docs, "ConfigMap", "cohort-dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+def test_replicas_elect_a_leader_and_watched_namespaces_get_roles():
+    docs = helm.render({"operator": {"replicas": 3, "watchNamespaces": ["ml", "research"]}}, namespace="ops")
+    (dep,) = helm.find(docs, "Deployment")
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--standalone" not in args
+    assert {"--lease-name=cohort", "--lease-namespace=ops", "--namespace=ml", "--namespace=research"} <= set(args)
+    assert dep["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    roles = {(r["metadata"]["namespace"], r["metadata"]["name"]) for r in helm.find(docs, "Role")}
+    assert roles == {("ml", "ops-cohort"), ("research", "ops-cohort"), ("ops", "cohort-leader-election")}
+    (lease_role,) = helm.find(docs, "Role", "cohort-leader-election")
+    named = [r for r in lease_role["rules"] if r.get("resourceNames")]
+    assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["cohort"],
+                      "verbs": ["get", "update"]}]
+    # Nothing cluster-wide but read access to CRDs and namespaces.
+    (cr,) = helm.find(docs, "ClusterRole")
+    assert all(set(rule["verbs"]) <= {"list", "watch"} for rule in cr["rules"])
+
+
+def test_monitoring_kinds_render_only_when_served():
+    docs = helm.render(api_versions=helm.MONITORING_API_VERSIONS)
+    kinds = {d["kind"] for d in docs if d["apiVersion"] == "monitoring.coreos.com/v1"}
+    assert kinds == set(helm.MONITORING_KINDS)
+    (pm,) = helm.find(docs, "PodMonitor")
+    assert pm["spec"]["namespaceSelector"] == {"any": True}
+    relabel = pm["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    assert {"sourceLabels": ["__meta_kubernetes_pod_label_cohort_dev_job"], "targetLabel": "trainingjob"} in relabel
+    (rule,) = helm.find(docs, "PrometheusRule")
+    alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert alerts == {"CohortTrainingJobFailed", "CohortTrainingJobNoProgress", "CohortStragglerReplaced",
+                      "CohortRecoveryStorm"}
+    off = helm.render({"metrics": {"serviceMonitor": {"enabled": False}, "podMonitor": {"enabled": False}},
+                       "prometheusRule": {"enabled": False}}, api_versions=helm.MONITORING_API_VERSIONS)
+    assert not [d for d in off if d["apiVersion"] == "monitoring.coreos.com/v1"]
+
+
+def test_alert_thresholds_and_labels_come_from_values():
+    docs = helm.render({"prometheusRule": {"noProgressMinutes": 25, "recoveryStorm": {"recoveries": 7},
+                                           "additionalLabels": {"team": "ml"}}},
+                       api_versions=helm.MONITORING_API_VERSIONS)
+    rules = {r["alert"]: r for g in helm.find(docs, "PrometheusRule")[0]["spec"]["groups"] for r in g["rules"]}
+    assert "[25m]" in rules["CohortTrainingJobNoProgress"]["expr"]
+    assert rules["CohortRecoveryStorm"]["expr"].rstrip().endswith("> 7")
+    assert all(r["labels"]["team"] == "ml" and r["labels"]["severity"] for r in rules.values())
+    assert "{{ $labels.trainingjob }}" in rules["CohortTrainingJobNoProgress"]["annotations"]["description"]
+
+
+def test_image_references_from_registry_and_digest():
+    digest = "sha256:" + "ab" * 32
+    docs = helm.render({"global": {"imageRegistry": "registry.example"},
+                        "image": {"digest": digest}, "trainer": {"image": {"tag": "1.2.3"}}})
+    c = helm.find(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+    assert c["image"] == f"registry.example/cohort-operator@{digest}"
+    assert "--default-image=registry.example/cohort-trainer:1.2.3" in c["args"]
+
+
+# --- server-side dry run ------------------------------------------------------------------
+
+def _minimal_crd(kind: str) -> dict:
+    plural = kind.lower() + "s"
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"{plural}.monitoring.coreos.com", "labels": {"cohort.dev/test": "true"}},
+            "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+                     "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List"},
+                     "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                         "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}}
+
+
+@pytest.fixture(scope="module")
+def monitoring_crds(cluster: Cluster):
+    """Minimal prometheus-operator CRDs for the dry run; removed after (unless they were there already)."""
+    created = []
+    for kind in helm.MONITORING_KINDS:
+        crd = _minimal_crd(kind)
+        try:
+            cluster.ext.create_custom_resource_definition(crd)
+            created.append(crd["metadata"]["name"])
+        except ApiException as e:
+            if e.status != 409:
+                raise
+    for name in created:
+        wait_for(lambda n=name: any(c.type == "Established" and c.status == "True"
+                                    for c in cluster.ext.read_custom_resource_definition(n).status.conditions or []),
+                 30, what=f"CRD {name} Established")
+    yield
+    for name in created:
+        with contextlib.suppress(ApiException):
+            cluster.ext.delete_custom_resource_definition(name)
+
+
+@pytest.mark.parametrize("variant", ["defaults", "all-features", "monitoring"])
+def test_templates_pass_server_side_dry_run(cluster, namespace, monitoring_crds, variant):
+    values = {"defaults": None, "all-features": _with_namespace(ALL_FEATURES, namespace),
+              "monitoring": {"operator": {"watchNamespaces": [namespace]}}}[variant]
+    api_versions = helm.MONITORING_API_VERSIONS if variant == "monitoring" else ()
+    release = f"dry-{uuid.uuid4().hex[:5]}"
+    rendered = helm.template(values, namespace=namespace, release=release, api_versions=api_versions)
+    kinds = {d["kind"] for d in yaml.safe_load_all(rendered) if d}
+    if variant == "monitoring":
+        assert set(helm.MONITORING_KINDS) <= kinds
+    if variant == "all-features":
+        assert "NetworkPolicy" in kinds and "CustomResourceDefinition" not in kinds
+    proc = helm.run([helm.kubectl_bin(), "apply", "--dry-run=server", "-f", "-"], kubeconfig=cluster.kubeconfig,
+                    stdin=rendered, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("(server dry run)") == len([d for d in yaml.safe_load_all(rendered) if d])
+
+
+# --- a release on process nodes ----------------------------------------------------------
+
+RELEASE = "cohort"
+JOB = "digits"
+
+
+@pytest.fixture(scope="module")
+def release(cluster: Cluster, process_nodes):  # noqa: F811
+    """The chart installed in its own namespace, its operator on a process node (module scope: install once)."""
+    ns = f"helm-release-{uuid.uuid4().hex[:5]}"
+    cluster.core.create_namespace({"metadata": {"name": ns, "labels": {"cohort.dev/test": "true"}}})
+    values = helm.process_node_values(ns, metrics_port=free_port(), health_port=free_port())
+    try:
+        helm.install(cluster, RELEASE, ns, values)
+        yield {"namespace": ns, "values": values}
+    finally:
+        helm.uninstall(cluster, RELEASE, ns)
+        cluster.delete_namespace(ns)
+
+
+def _digits_job(instance: str) -> dict:
+    job = yaml.safe_load((helm.REPO / "examples/digits.yaml").read_text())
+    job["metadata"] = {"name": JOB, "labels": {"cohort.dev/operator": instance}}
+    job["spec"]["replicas"] = {"min": 2, "max": 4, "target": 2}
+    job["spec"]["workload"]["epochs"] = 10
+    job["spec"]["scheduling"] = {"nodeSelector": {"type": "process"}}
+    return job
+
+
+@pytest.mark.e2e
+def test_operator_runs_under_the_chart_service_account_and_reconciles_a_job(cluster, release):
+    ns, values = release["namespace"], release["values"]
+    pod = helm.ready_operator_pod(cluster, ns, RELEASE)
+    # The pod runs as the chart's ServiceAccount, with its token mounted (and no other credentials:
+    # tests/support/incluster.py never falls back to a kubeconfig).
+    assert pod.spec.service_account_name == "cohort"
+    assert any(v.projected and any(s.service_account_token for s in v.projected.sources or [])
+               for v in pod.spec.volumes or [])
+    # Its requests are authorised as that account: it took the Lease it alone may update ...
+    wait_for(lambda: helm.lease_holder(cluster, ns, "cohort") == pod.metadata.name, 30,
+             what="the operator pod holding its Lease")
+    # ... and runs a job end to end with nothing but the chart's RBAC.
+    cluster.create_job(ns, _digits_job(ns))
+    job = wait_for(lambda: (j := cluster.get_job(ns, JOB)).get("status", {}).get("phase") in ("Succeeded", "Failed")
+                   and j, 150, 1, what=f"{JOB} finished")
+    assert job["status"]["phase"] == "Succeeded", job["status"]
+    assert job["status"]["progress"]["step"] > 0
+    owned = {(kind, o.metadata.name) for kind, items in (
+        ("ServiceAccount", cluster.core.list_namespaced_service_account(ns).items),
+        ("Role", cluster.rbac.list_namespaced_role(ns).items),
+        ("RoleBinding", cluster.rbac.list_namespaced_role_binding(ns).items)) for o in items
+        if (o.metadata.labels or {}).get("cohort.dev/job") == JOB}
+    assert owned == {(k, f"{JOB}-worker") for k in ("ServiceAccount", "Role", "RoleBinding")}, owned
+    # Nothing it did was refused for lack of permission. (A reconcile may still be retried
+    # after a transient error: the operator creates a worker's Role and RoleBinding at the
+    # same time, and without the `bind` verb, which it does not get, the API server refuses
+    # a RoleBinding whose Role does not exist yet, with a 404.)
+    log = cluster.core.read_namespaced_pod_log(pod.metadata.name, ns)
+    assert "403" not in log and "Forbidden" not in log and "forbidden" not in log, log[-3000:]
+    metrics = helm.http_get(f"http://{pod.status.pod_ip}:{values['operator']['metricsPort']}/metrics")
+    assert 'cohort_operator_errors_total{where="events"} 0.0' in metrics, log[-3000:]
+    assert "cohort_operator_pods_created_total" in exported_names(metrics)
+
+
+OPERATOR_ALLOWED = [
+    ("create", "pods", {}), ("delete", "pods", {}), ("list", "pods", {}), ("watch", "pods", {}),
+    ("get", "trainingjobs", {"group": "cohort.dev"}), ("watch", "trainingjobs", {"group": "cohort.dev"}),
+    ("delete", "trainingjobs", {"group": "cohort.dev"}),
+    ("patch", "trainingjobs", {"group": "cohort.dev", "subresource": "status"}),
+    ("update", "trainingjobs", {"group": "cohort.dev", "subresource": "finalizers"}),
+    ("create", "configmaps", {}), ("patch", "configmaps", {}), ("get", "configmaps", {}),
+    ("create", "services", {}), ("create", "serviceaccounts", {}), ("create", "poddisruptionbudgets",
+                                                                    {"group": "policy"}),
+    ("create", "roles", {"group": "rbac.authorization.k8s.io"}),
+    ("create", "rolebindings", {"group": "rbac.authorization.k8s.io"}),
+    ("create", "events", {}), ("patch", "events", {}),
+    ("create", "podgroups", {"group": "scheduling.x-k8s.io"}),
+    ("list", "customresourcedefinitions", {"group": "apiextensions.k8s.io", "namespace": ""}),
+    ("update", "leases", {"group": "coordination.k8s.io", "name": "cohort"}),
+    ("create", "leases", {"group": "coordination.k8s.io"}),
+]
+OPERATOR_DENIED = [
+    ("get", "secrets", {}), ("list", "secrets", {}), ("watch", "secrets", {}),
+    ("list", "secrets", {"namespace": ""}), ("get", "secrets", {"namespace": "kube-system"}),
+    ("create", "pods", {"namespace": "default"}), ("list", "trainingjobs", {"group": "cohort.dev",
+                                                                           "namespace": "default"}),
+    ("create", "trainingjobs", {"group": "cohort.dev"}), ("update", "trainingjobs", {"group": "cohort.dev"}),
+    ("patch", "trainingjobs", {"group": "cohort.dev"}),
+    ("update", "configmaps", {}), ("delete", "configmaps", {}), ("delete", "services", {}),
+    ("create", "pods", {"subresource": "exec"}), ("update", "pods", {}), ("patch", "pods", {}),
+    ("create", "deployments", {"group": "apps"}),
+    ("escalate", "roles", {"group": "rbac.authorization.k8s.io"}),
+    ("bind", "roles", {"group": "rbac.authorization.k8s.io"}),
+    ("create", "clusterroles", {"group": "rbac.authorization.k8s.io", "namespace": ""}),
+    ("create", "clusterrolebindings", {"group": "rbac.authorization.k8s.io", "namespace": ""}),
+    ("update", "leases", {"group": "coordination.k8s.io", "name": "someone-elses"}),
+    ("create", "serviceaccounts", {"subresource": "token"}),
+    ("impersonate", "serviceaccounts", {}),
+    ("patch", "nodes", {"namespace": ""}), ("delete", "namespaces", {"namespace": ""}),
+    ("create", "customresourcedefinitions", {"group": "apiextensions.k8s.io", "namespace": ""}),
+]
+
+
+def _check_access(cluster, sa_ns, sa, ns, checks, expected):
+    wrong = []
+    for verb, resource, kw in checks:
+        kw = {"namespace": ns, **kw}
+        if helm.can(cluster, sa_ns, sa, verb, resource, **kw) != expected:
+            wrong.append(helm.describe((verb, resource, kw)))
+    return wrong
+
+
+@pytest.mark.e2e
+def test_least_privilege_operator_service_account(cluster, release):
+    ns = release["namespace"]
+    wrong = _check_access(cluster, ns, "cohort", ns, OPERATOR_ALLOWED, True)
+    assert not wrong, f"the operator may not: {wrong}"
+    wrong = _check_access(cluster, ns, "cohort", ns, OPERATOR_DENIED, False)
+    assert not wrong, f"the operator may (and must not): {wrong}"
+
+
+@pytest.mark.e2e
+def test_least_privilege_worker_service_account(cluster, release):
+    ns = release["namespace"]
+    wait_for(lambda: cluster.core.read_namespaced_service_account(f"{JOB}-worker", ns), 30,
+             what="the worker ServiceAccount (created by the operator for the job)")
+    world = {"name": f"{JOB}-world"}
+    allowed = [("get", "configmaps", world), ("watch", "configmaps", world), ("list", "configmaps", world)]
+    denied = [
+        ("get", "configmaps", {"name": f"{JOB}-config"}), ("get", "configmaps", {"name": "other-world"}),
+        ("list", "configmaps", {}), ("watch", "configmaps", {}),
+        ("patch", "configmaps", world), ("update", "configmaps", world), ("delete", "configmaps", world),
+        ("get", "secrets", {}), ("list", "secrets", {}), ("list", "secrets", {"namespace": ""}),
+        ("create", "pods", {}), ("list", "pods", {}), ("delete", "pods", {}),
+        ("get", "trainingjobs", {"group": "cohort.dev"}),
+        ("patch", "trainingjobs", {"group": "cohort.dev", "subresource": "status"}),
+        ("create", "events", {}), ("get", "configmaps", {"name": f"{JOB}-world", "namespace": "default"}),
+        ("create", "serviceaccounts", {"subresource": "token", "name": f"{JOB}-worker"}),
+    ]
+    wrong = _check_access(cluster, ns, f"{JOB}-worker", ns, allowed, True)
+    assert not wrong, f"the workers may not: {wrong}"
+    wrong = _check_access(cluster, ns, f"{JOB}-worker", ns, denied, False)
+    assert not wrong, f"the workers may (and must not): {wrong}"
+
+
+@pytest.mark.e2e
+def test_upgrade_hands_over_the_lease_then_uninstall_removes_the_release(cluster, release):
+    ns, values = release["namespace"], release["values"]
+    old = helm.ready_operator_pod(cluster, ns, RELEASE).metadata.name
+    # New ports: on process nodes pods share the host network, and the old and the new
+    # pod run side by side during the rolling update (the new one as a standby).
+    new_values = yaml.safe_load(yaml.safe_dump(values))
+    new_values["operator"].update(metricsPort=free_port(), healthPort=free_port(), resyncSeconds=7)
+    helm.install(cluster, RELEASE, ns, new_values, upgrade=True)
+    status = helm.run([helm.helm_bin(), "status", RELEASE, "-n", ns, "-o", "json"],
+                      kubeconfig=cluster.kubeconfig).stdout
+    assert yaml.safe_load(status)["version"] == 2
+    new = wait_for(lambda: [p for p in helm.operator_pods(cluster, ns, RELEASE) if p.metadata.name != old
+                            and "--resync-seconds=7" in p.spec.containers[0].args], 60,
+                   what="the upgraded operator pod")[0].metadata.name
+    wait_for(lambda: helm.lease_holder(cluster, ns, "cohort") == new, 60, 0.5,
+             what="the upgraded pod leading (the old one's Lease expired)")
+
+    helm.uninstall(cluster, RELEASE, ns)
+    assert wait_for(lambda: not helm.operator_pods(cluster, ns, RELEASE), 60, 0.5, what="operator pods gone")
+    assert not [d for d in cluster.apps.list_namespaced_deployment(ns).items]
+    assert not [r for r in cluster.rbac.list_cluster_role().items if r.metadata.name.startswith(f"{ns}-cohort")]
+    assert not [b for b in cluster.rbac.list_cluster_role_binding().items
+                if b.metadata.name.startswith(f"{ns}-cohort")]
+    assert not [r for r in cluster.rbac.list_namespaced_role(ns).items if "cohort" in r.metadata.name
+                and not (r.metadata.labels or {}).get("cohort.dev/job")]
+    with pytest.raises(ApiException) as e:
+        cluster.core.read_namespaced_service_account("cohort", ns)
+    assert e.value.status == 404
+    # The shared CRD and the user's jobs are not the release's to delete.
+    cluster.ext.read_custom_resource_definition("trainingjobs.cohort.dev")
+    assert cluster.get_job(ns, JOB)["status"]["phase"] == "Succeeded"
