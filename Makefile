@@ -47,3 +47,7 @@ demo: binaries  ## the main job end to end on the local cluster: train, kill a w
 
 bench:  ## run every benchmark (prints comparison tables; not tests)
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+.PHONY: images
+images:  ## build the operator and trainer images (CPU, CUDA) with docker, or print the commands (images/README.md)
+	@images/build.sh
