@@ -9,6 +9,8 @@
 Only ``on.event`` handlers are used: they keep no progress annotations and
 need no finalizers, so deleting a job (or a namespace) never waits for the
 operator. Registration happens in :func:`build_registry`, not at import.
+Handlers are ``async``: kopf runs sync handlers in a thread pool, and the work
+queue belongs to the event loop.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def build_registry(rec: Reconciler) -> kopf.OperatorRegistry:
         return kopf.login_via_client(**kwargs)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    def job_event(*, type: str, event: kopf.RawEvent, namespace: str | None, name: str, **_: Any) -> None:
+    async def job_event(*, type: str, event: kopf.RawEvent, namespace: str | None, name: str, **_: Any) -> None:
         key = (namespace or "", name)
         if type == "DELETED":
             rec.job_deleted(key)
@@ -98,7 +100,7 @@ def build_registry(rec: Reconciler) -> kopf.OperatorRegistry:
             rec.queue.add(key, NORMAL if type is None else URGENT)
 
     @kopf.on.event("v1", "pods", registry=registry)
-    def pod_event(*, type: str, event: kopf.RawEvent, namespace: str | None, labels: Mapping[str, str],
+    async def pod_event(*, type: str, event: kopf.RawEvent, namespace: str | None, labels: Mapping[str, str],
                   **_: Any) -> None:
         job = labels.get(LABEL_JOB)
         if not job:
@@ -115,7 +117,7 @@ def build_registry(rec: Reconciler) -> kopf.OperatorRegistry:
     for group, version, plural, kind in OWNED_KINDS:
         args = ("v1", plural) if not group else (group, version, plural)
 
-        def owned_event(*, type: str, namespace: str | None, name: str, labels: Mapping[str, str],
+        async def owned_event(*, type: str, namespace: str | None, name: str, labels: Mapping[str, str],
                         _kind: str = kind, **_: Any) -> None:
             job = labels.get(LABEL_JOB)
             if job and type == "DELETED":
