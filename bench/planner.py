@@ -151,6 +151,36 @@ def allreduce_tables(samples: list[tuple]) -> str:
     return "\n".join(lines)
 
 
+def nccl_report(calibrate: Any) -> int:
+    """The allreduce fit on NCCL (one rank per GPU), and the card's matmul throughput."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("--nccl: no CUDA device here")
+        return 1
+    n, name = torch.cuda.device_count(), torch.cuda.get_device_name(0)
+    print(f"## NCCL on {n} x {name}\n")
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for dtype in (torch.bfloat16, torch.float32):
+        x = a.to(dtype)
+        for _ in range(3):
+            x @ x
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(10):
+            x @ x
+        torch.cuda.synchronize()
+        print(f"matmul 8192^3 {dtype}: {2 * 8192 ** 3 * 10 / (time.perf_counter() - t0) / 1e12:.0f} TFLOP/s")
+    ps = tuple(x for x in (2, 4, 8) if x <= n)
+    if not ps:
+        print(f"\nAn allreduce needs at least 2 ranks and NCCL one GPU per rank; this machine has {n}, "
+              "so there is no NCCL allreduce curve to fit here.")
+        return 0
+    samples = [s for p in ps for s in calibrate.measure_allreduce(p)]
+    print(allreduce_tables(samples))
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", type=int, default=4)
@@ -170,26 +200,28 @@ def main() -> int:
 
     print(f"# bench/planner.py {' '.join(sys.argv[1:])}".rstrip())
     t0 = time.time()
-    import torch
-
     if args.nccl:
-        ps = tuple(x for x in (2, 4, 8) if x <= torch.cuda.device_count())
-        samples = [s for n in ps for s in calibrate.measure_allreduce(n)]
-        print(f"backend nccl on {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}\n")
-        print(allreduce_tables(samples))
-        return 0
+        return nccl_report(calibrate)
     hw, raw = calibrate.calibrate(ps=(2, args.ranks), log=lambda _msg: None)
     alone, shared = raw["flops_alone"], raw["flops_shared"][str(args.ranks)]
     print("## Calibration (`cohort calibrate`'s measurements, this run)\n")
     print(f"matmul {calibrate.MATMUL}: {alone / 1e9:.1f} GFLOP/s alone, {shared / 1e9:.1f} GFLOP/s per rank with "
           f"{args.ranks} ranks at once; memory {hw.memory_bandwidth / 1e9:.1f} GB/s\n")
     print(allreduce_tables(raw["allreduce_samples"]))
-    if hw.group_lines:
-        print("\nThe planner uses these lines, measured with all ranks busy (groups of P among "
-              f"{args.ranks} ranks at once):\n")
-        print("| P | a (µs) | b (ns/B) |\n|---:|---:|---:|")
-        for p_, a, b in hw.group_lines:
-            print(f"| {p_} | {a * 1e6:.1f} | {b * 1e9:.3f} |")
+    print(f"\nFixed costs: {hw.layer_overhead_s * 1e6:.0f} µs per block forward+backward, "
+          f"{hw.tp_layer_overhead_s * 1e6:.0f} µs under DTensor TP, {hw.fsdp_unit_overhead_s * 1e6:.0f} µs per FSDP "
+          f"unit, {hw.microbatch_overhead_s * 1e6:.0f} µs per pipeline microbatch. "
+          + (f"Shared host: {hw.host_flops / 1e9:.0f} GFLOP/s for all ranks." if hw.host_flops else
+             "Ranks do not slow each other's matmuls (no shared-host bound)."))
+    print("\nThe planner uses the measured line of each collective and P (m: the full tensor's bytes"
+          + (f"; taken with all {args.ranks} ranks busy" if hw.host_flops else "") + "):\n")
+    print("| collective | P | a (µs) | b (ns/B) |\n|---|---:|---:|---:|")
+    for op, p_, a, b in hw.lines:
+        print(f"| {op} | {p_} | {a * 1e6:.1f} | {b * 1e9:.3f} |")
+    print("\nTransformer block (dim 256) forward+backward against its FLOPs:\n")
+    print("| GFLOP per call | ms | GFLOP/s |\n|---:|---:|---:|")
+    for f, t in hw.block_table:
+        print(f"| {f / 1e9:.3f} | {t * 1e3:.2f} | {f / t / 1e9:.1f} |")
 
     spec = _spec(args)
     model = build_workload(spec).model

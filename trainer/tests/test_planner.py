@@ -216,11 +216,15 @@ def test_units_parse():
 
 
 def test_calibration_file_round_trip(tmp_path):
-    hw = Hardware(alpha_s=1e-5, group_lines=((2, 1e-4, 1e-9),), sync_lines=((2, 3e-4),), host_flops=1e11)
+    hw = Hardware(alpha_s=1e-5, lines=(("allreduce", 2, 1e-4, 1e-9),), sync_lines=((2, 3e-4),), host_flops=1e11,
+                  block_table=((1e6, 1e-3), (1e8, 1e-2)))
     path = save_hardware(hw, tmp_path / "cal.json", extra={"measurements": {}})
     back = load_hardware(path)
     assert back.with_overrides(source=hw.source) == hw
     assert back.allreduce_s(1000, 2) == pytest.approx(1e-4 + 1e-6 + 3e-4)
+    assert back.allgather_s(1000, 2) == pytest.approx((1e-4 + 1e-6) / 2 + 3e-4)  # no allgather line: half
+    assert back.block_s(1e7) == pytest.approx(math.sqrt(1e-3 * 1e-2))  # log-log halfway
+    assert back.block_s(1e9) == pytest.approx(1e-1)                    # the largest call's throughput
     assert json.loads(path.read_text())["hardware"]["alpha_s"] == 1e-5
 
 

@@ -46,7 +46,18 @@ def _backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def _allreduce_worker(rank: int, world: int, p: int, port: int, sizes: Sequence[int], reps: int, out: Any) -> None:
+def _run_collective(op: str, t: torch.Tensor, group: Any, p: int) -> None:
+    """One collective whose *full* tensor is ``t`` (allgather's output, reduce-scatter's input)."""
+    if op == "allreduce":
+        dist.all_reduce(t, group=group)
+    elif op == "allgather":
+        dist.all_gather_into_tensor(t, t[: t.numel() // p].clone(), group=group)
+    else:
+        dist.reduce_scatter_tensor(t[: t.numel() // p].clone(), t, group=group)
+
+
+def _allreduce_worker(rank: int, world: int, p: int, port: int, sizes: Sequence[int], reps: int, out: Any,
+                      ops: Sequence[str] = ("allreduce",)) -> None:
     torch.set_num_threads(1)
     backend = _backend()
     if backend == "nccl":
@@ -56,23 +67,24 @@ def _allreduce_worker(rank: int, world: int, p: int, port: int, sizes: Sequence[
     # world/p groups of p ranks allreduce at once (all of the host's ranks busy, as in a job's subgroups).
     group = dist.new_subgroups(group_size=p)[0] if p < world else None
     results = []
-    for nbytes in sizes:
-        t = torch.ones(nbytes // 4, device=device)
-        times = []
-        for i in range(reps + 2):
-            dist.barrier()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            dist.all_reduce(t, group=group)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            if i >= 2:  # the first two warm up connections and buffers
-                times.append(time.perf_counter() - t0)
-        # A collective ends when its slowest rank ends: take the max over ranks of each rank's median.
-        med = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
-        dist.all_reduce(med, op=dist.ReduceOp.MAX)
-        results.append((nbytes, p, float(med.cpu())))
+    for op in ops:
+        for nbytes in sizes:
+            t = torch.ones(nbytes // 4, device=device)
+            times = []
+            for i in range(reps + 2):
+                dist.barrier()
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                _run_collective(op, t, group, p)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                if i >= 2:  # the first two warm up connections and buffers
+                    times.append(time.perf_counter() - t0)
+            # A collective ends when its slowest rank ends: take the max over ranks of each rank's median.
+            med = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
+            dist.all_reduce(med, op=dist.ReduceOp.MAX)
+            results.append((op, nbytes, p, float(med.cpu())))
     if rank == 0:
         out.put(results)
     dist.destroy_process_group()
@@ -85,16 +97,25 @@ def measure_allreduce(p: int, world: int | None = None, sizes: Sequence[int] = (
 
     ``world`` > p runs world/p groups at once (the time of the slowest group).
     """
+    return [(m, q, t) for _, m, q, t in measure_collectives(p, world, sizes, reps)]
+
+
+COLLECTIVES = ("allreduce", "allgather", "reduce_scatter")
+
+
+def measure_collectives(p: int, world: int | None = None, sizes: Sequence[int] = (*SIZES, 16 * 2 ** 20),
+                        reps: int = 7, ops: Sequence[str] = ("allreduce",)) -> list[tuple]:
+    """(op, bytes, P, seconds) for each collective and size among ``p`` ranks (world/p groups at once)."""
     world = world or p
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
-    mp.start_processes(_allreduce_worker, args=(world, p, free_port(), list(sizes), reps, out), nprocs=world,
-                       start_method="spawn")
+    mp.start_processes(_allreduce_worker, args=(world, p, free_port(), list(sizes), reps, out, tuple(ops)),
+                       nprocs=world, start_method="spawn")
     return out.get()
 
 
 def group_line(samples: Sequence[tuple]) -> tuple[float, float]:
-    """The least-squares line t = a + b·m (relative error) through one P's samples."""
+    """The least-squares line t = a + b·m (relative error) through one P's (bytes, P, seconds) samples."""
     fitted = fit("ring", samples)  # at one P every model is the same line, rescaled
     p = samples[0][1]
     return fitted.alpha_s * 2 * (p - 1), fitted.beta_s_per_byte * 2 * (p - 1) / p
@@ -188,7 +209,21 @@ def _overhead_worker(rank: int, port: int, out: Any) -> None:
         return _time_steps(lambda: schedule.step(xs, target=ys))
 
     per_microbatch = (pipeline_step(8) - pipeline_step(1)) / 7 - _time_steps(fwd_bwd(model(2)))
-    out.put({"layer_overhead_s": max(plain, 0.0), "tp_layer_overhead_s": max(tp, 0.0),
+
+    # A real block (dim 256) at growing batch: seconds per forward+backward against its FLOPs. Small
+    # calls run far below matmul peak (fixed costs, elementwise ops, small matrices); the planner
+    # interpolates this table at each plan's per-call FLOPs (microbatch size, tp split).
+    from ..workloads.models import Block
+    from .profile import transformer_profile
+
+    torch.manual_seed(0)
+    block, seq = Block(256, 4, 4), 32
+    per_sample = 3 * transformer_profile(256, 1, 4, 4, 64, seq).block_flops
+    table = []
+    for batch in (1, 2, 4, 8, 16, 32, 64):
+        h = torch.randn(batch, seq, 256, requires_grad=True)
+        table.append((per_sample * batch, _time_steps(lambda h=h: block(h).sum().backward(), reps=7)))
+    out.put({"block_table": tuple(table), "layer_overhead_s": max(plain, 0.0), "tp_layer_overhead_s": max(tp, 0.0),
              "fsdp_unit_overhead_s": max(fsdp_unit, 0.0), "microbatch_overhead_s": max(per_microbatch, 0.0)})
     dist.destroy_process_group()
     os._exit(0)  # skip interpreter teardown: the TCPStore's native threads can hold it for seconds
@@ -244,35 +279,40 @@ def measure_memory_bandwidth(nbytes: int = 64 * 2 ** 20, reps: int = 5) -> float
 
 def calibrate(ps: Sequence[int] = (2, 4), log: Any = print) -> tuple[Hardware, dict[str, Any]]:
     """Measure everything; returns the Hardware and the raw measurements (what the file stores)."""
-    samples: list[tuple] = []
-    loaded: list[tuple] = []
     top = max(ps)
-    for p in ps:
-        log(f"allreduce among {p} ranks ({_backend()}) ...")
-        samples += measure_allreduce(p)
-        if p < top:
-            log(f"allreduce among {p} ranks while {top} ranks are busy ...")
-            loaded += measure_allreduce(p, world=top)
-        else:
-            loaded += [s for s in samples if s[1] == p]
-    fits = fit_all(samples)
-    best = fits[0]
     log("matmul throughput, 1 rank and " + " and ".join(f"{p} ranks at once" for p in ps) + " ...")
     single = measure_flops(1)
     shared = {p: measure_flops(p) for p in ps}
     host = shared[top] * top if shared[top] < 0.9 * single else 0.0  # ranks slow each other: a shared host
-    lines = tuple((p, *group_line([s for s in loaded if s[1] == p])) for p in ps) if host else ()
+    isolated: list[tuple] = []
+    busy: list[tuple] = []
+    for p in ps:
+        log(f"allreduce, allgather, reduce-scatter among {p} ranks ({_backend()}) ...")
+        isolated += measure_collectives(p, ops=COLLECTIVES)
+        if host and p < top:
+            # On a shared host, a job's subgroups run side by side: measure them that way for the planner.
+            log(f"... and among {p} ranks while {top} ranks are busy ...")
+            busy += measure_collectives(p, world=top, ops=COLLECTIVES)
+        else:
+            busy += [s for s in isolated if s[2] == p]
+    samples = [(m, q, t) for op, m, q, t in isolated if op == "allreduce"]
+    fits = fit_all(samples)
+    best = fits[0]
+    lines = tuple((op, p, *group_line([(m, q, t) for o, m, q, t in busy if o == op and q == p]))
+                  for op in COLLECTIVES for p in ps)
     if host:
         log("synchronisation cost while ranks compute ...")
         syncs = tuple((p, measure_sync(p, top)) for p in ps)
     else:
         syncs = ()
-    log("fixed costs per layer, FSDP unit and microbatch ...")
+    log("transformer block throughput and fixed costs per layer, FSDP unit and microbatch ...")
     overheads = measure_overheads()
+    blocks = overheads.pop("block_table")
     hw = Hardware(alpha_s=best.alpha_s, beta_s_per_byte=best.beta_s_per_byte, allreduce=best.algorithm,
-                  group_lines=lines, sync_lines=syncs, device_flops=single, host_flops=host,
+                  lines=lines, sync_lines=syncs, block_table=blocks, device_flops=single, host_flops=host,
                   memory_bandwidth=measure_memory_bandwidth(), source="cohort calibrate", **overheads)
-    raw = {"backend": _backend(), "allreduce_samples": samples, "allreduce_samples_loaded": loaded,
+    raw = {"backend": _backend(), "allreduce_samples": samples, "collective_samples": isolated,
+           "collective_samples_busy": busy,
            "fits": [{"algorithm": f.algorithm, "alpha_s": f.alpha_s, "beta_s_per_byte": f.beta_s_per_byte,
                      "rel_rms_error": f.rel_rms_error} for f in fits],
            "flops_alone": single, "flops_shared": {str(p): v for p, v in shared.items()},

@@ -9,6 +9,7 @@ loopback, as measured by the calibration on the development machines).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import asdict, dataclass, fields, replace
@@ -30,12 +31,16 @@ class Hardware:
     """Time per byte on a link (β = 1 / bandwidth), seconds per byte."""
     allreduce: str = "ring"
     """Which allreduce model (collectives.ALLREDUCE_MODELS) the backend follows."""
-    group_lines: tuple[tuple[int, float, float], ...] = ()
-    """Measured allreduce lines ``(P, a_s, b_s_per_byte)``: t = a + b·m for groups of P ranks, taken while
-    every rank of the host was busy; used instead of the α-β model for those P (shared hosts)."""
+    lines: tuple[tuple[str, int, float, float], ...] = ()
+    """Measured ``(collective, P, a_s, b_s_per_byte)``: t = a + b·m for ``allreduce``, ``allgather`` and
+    ``reduce_scatter`` (m: the full tensor's bytes) among P ranks; used instead of the α-β model for those P.
+    On a shared host they are taken with every rank busy (the job's subgroups run side by side)."""
     sync_lines: tuple[tuple[int, float], ...] = ()
     """Measured ``(P, seconds)``: what one collective or send among P ranks adds on top of its line when the
     ranks compute between collectives (shared cores: waiting for a descheduled peer)."""
+    block_table: tuple[tuple[float, float], ...] = ()
+    """Measured ``(FLOPs, seconds)`` of a transformer block's forward + backward calls of growing size;
+    block compute is interpolated from it (small calls run far below peak), else FLOPs / device_flops."""
     device_flops: float = 8e10
     """FLOP/s one rank reaches on training-sized matmuls when it runs alone."""
     host_flops: float = 0.0
@@ -56,8 +61,25 @@ class Hardware:
     source: str = "defaults"
     """Where these numbers came from (a file, flags)."""
 
-    def _line(self, p: int) -> tuple[float, float] | None:
-        return next(((a, b) for q, a, b in self.group_lines if q == p), None)
+    def _line(self, p: int, op: str = "allreduce") -> tuple[float, float] | None:
+        return next(((a, b) for o, q, a, b in self.lines if q == p and o == op), None)
+
+    def block_s(self, flops: float) -> float:
+        """Seconds of a block forward + backward doing ``flops`` (fixed costs included)."""
+        table = sorted(self.block_table)
+        if not table:
+            return flops / self.device_flops + self.layer_overhead_s
+        if flops <= table[0][0]:  # below the table: the fixed cost dominates; scale the smallest call's time
+            f0, t0 = table[0]
+            return t0 * (0.5 + 0.5 * flops / f0)
+        if flops >= table[-1][0]:  # above it: the largest call's throughput
+            f1, t1 = table[-1]
+            return flops * t1 / f1
+        for (f0, t0), (f1, t1) in zip(table, table[1:], strict=False):
+            if f0 <= flops <= f1:  # log-log interpolation between measured calls
+                w = math.log(flops / f0) / math.log(f1 / f0)
+                return math.exp(math.log(t0) + w * math.log(t1 / t0))
+        raise AssertionError("unreachable")
 
     @property
     def cores(self) -> float:
@@ -75,14 +97,20 @@ class Hardware:
             return line[0] + line[1] * nbytes + self.sync_s(p)
         return allreduce_time(nbytes, p, self.alpha_s, self.beta_s_per_byte, self.allreduce)
 
-    def allgather_s(self, nbytes: float, p: int) -> float:
-        """Allgather (or reduce-scatter) with an ``nbytes`` result: half a ring allreduce."""
-        line = self._line(p)
+    def allgather_s(self, nbytes: float, p: int, op: str = "allgather") -> float:
+        """Allgather with an ``nbytes`` result (or reduce-scatter of ``nbytes``); the model: half a ring allreduce."""
         if p <= 1 or nbytes <= 0:
             return 0.0
+        line = self._line(p, op)
+        if line:
+            return line[0] + line[1] * nbytes + self.sync_s(p)
+        line = self._line(p)
         if line:
             return (line[0] + line[1] * nbytes) / 2 + self.sync_s(p)
         return allgather_time(nbytes, p, self.alpha_s, self.beta_s_per_byte)
+
+    def reduce_scatter_s(self, nbytes: float, p: int) -> float:
+        return self.allgather_s(nbytes, p, op="reduce_scatter")
 
     def p2p_s(self, nbytes: float) -> float:
         line = self._line(2)  # a 2-rank ring allreduce is two latencies and one message's bytes
@@ -106,7 +134,7 @@ def load_hardware(path: str | os.PathLike[str] | None = None) -> Hardware:
     doc = json.loads(p.read_text())
     known = {f.name for f in fields(Hardware)}
     values = {k: v for k, v in doc.get("hardware", doc).items() if k in known}
-    for key in ("group_lines", "sync_lines"):
+    for key in ("lines", "sync_lines", "block_table"):
         values[key] = tuple(tuple(x) for x in values.get(key, ()))
     return Hardware(**values).with_overrides(source=str(p))
 

@@ -112,7 +112,7 @@ def _dp_seconds(profile: ModelProfile, dims: ParallelDims, stage: int, hw: Hardw
     t = 0.0
     for unit in [block] * blocks + [root]:
         if unit > 0:
-            t += (gathers + 1) * hw.allgather_s(unit, dims.dp)  # + 1: the reduce-scatter costs the same
+            t += gathers * hw.allgather_s(unit, dims.dp) + hw.reduce_scatter_s(unit, dims.dp)
             t += hw.fsdp_unit_overhead_s
     return t
 
@@ -124,11 +124,14 @@ def step_time(profile: ModelProfile, dims: ParallelDims, global_batch: int, hw: 
     slots = dims.microbatches + dims.pp - 1
     compute = tp = pp = dp = opt = 0.0
     slot = host_work = 0.0
-    per_layer = hw.tp_layer_overhead_s if dims.tp > 1 else hw.layer_overhead_s
+    tp_extra = max(0.0, hw.tp_layer_overhead_s - hw.layer_overhead_s) if dims.tp > 1 else 0.0
     for stage in range(dims.pp):
-        blocks = len(stage_layers(profile.n_layers, stage, dims.pp)) if profile.n_layers else 1
-        fixed = blocks * per_layer + (hw.microbatch_overhead_s if dims.pp > 1 else 0.0)
-        c = 3 * _stage_flops(profile, dims, stage) * micro / dims.tp / hw.device_flops + fixed
+        blocks = len(stage_layers(profile.n_layers, stage, dims.pp)) if profile.n_layers else 0
+        rest = _stage_flops(profile, dims, stage) - blocks * profile.block_flops  # embeddings, output, a generic model
+        c = blocks * (hw.block_s(3 * profile.block_flops * micro / dims.tp) + tp_extra)
+        c += 3 * rest * micro / dims.tp / hw.device_flops + (hw.microbatch_overhead_s if dims.pp > 1 else 0.0)
+        if not profile.n_layers:
+            c += hw.layer_overhead_s
         host_work += dims.dp * dims.tp * dims.microbatches * c  # core-seconds of every rank of this stage
         t = _tp_seconds(profile, dims, stage, micro, hw)
         s = 2 * hw.p2p_s(micro * profile.boundary_bytes) if dims.pp > 1 else 0.0
