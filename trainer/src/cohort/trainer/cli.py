@@ -114,11 +114,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         cfg = load_manifest(args.manifest)
         hw = load_hardware(args.calibration)
         if args.bandwidth or args.latency:  # another network: this host's measured lines no longer apply
-            hw = hw.with_overrides(group_lines=(), sync_lines=(),
+            hw = hw.with_overrides(lines=(), sync_lines=(),
                                    beta_s_per_byte=1 / parse_bandwidth(args.bandwidth) if args.bandwidth else None,
                                    alpha_s=parse_seconds(args.latency) if args.latency else None)
         if args.device_flops:  # separate devices: nothing shares their compute
-            hw = hw.with_overrides(device_flops=parse_flops(args.device_flops), host_flops=0.0)
+            hw = hw.with_overrides(device_flops=parse_flops(args.device_flops), host_flops=0.0, block_table=())
         if args.memory_bandwidth:
             hw = hw.with_overrides(memory_bandwidth=parse_bandwidth(args.memory_bandwidth))
         if args.gpu_memory:
