@@ -23,7 +23,8 @@ pid_alive() {  # pidfile -> 0 if the process it names is alive and is the one we
   pid=$(cat "$f")
   [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || return 1
   exe=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null || true)
-  [[ $exe == "$(cat "$f.cmd" 2>/dev/null)"* ]]
+  # Contains, not starts with: a script started through its shebang shows the interpreter first.
+  [[ $exe == *"$(cat "$f.cmd" 2>/dev/null)"* ]]
 }
 
 start_recorded() {  # pidfile logfile cmd... : start in its own session, record pid and command line

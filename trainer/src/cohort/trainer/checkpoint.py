@@ -47,8 +47,10 @@ def _join(root: str, name: str) -> str:
 
 
 class Checkpointer:
-    def __init__(self, root: str, keep: int, async_save: bool, metrics: Any = None):
+    def __init__(self, root: str, keep: int, async_save: bool, metrics: Any = None, display_root: str | None = None):
         self.root, self.keep, self.async_save, self.metrics = root, keep, async_save, metrics
+        # Where users see it (the pod's mount path), when ``root`` is a host-side mapping of it.
+        self.display_root = display_root or root
         self.fs, self.fs_root = fsspec.core.url_to_fs(root)
         self.is_url = "://" in root
         self._done = threading.Event()  # set when the save in flight is committed (or failed)
@@ -83,7 +85,7 @@ class Checkpointer:
         steps = self.committed_steps()
         if not steps:
             return None
-        path = self.path(steps[-1])
+        path = _join(self.display_root, f"step-{steps[-1]:08d}")
         meta = json.loads(self.fs.cat(_join(self._fs_path(steps[-1]), MARKER)))
         return CheckpointRef(steps[-1], path, meta.get("time", ""))
 
@@ -148,7 +150,7 @@ class Checkpointer:
         with self.fs.open(tmp, "w") as f:
             f.write(json.dumps({"step": step, "time": stamp, **meta}))
         self.fs.mv(tmp, marker)  # the commit point: rename is atomic on local filesystems
-        self.last = CheckpointRef(step, self.path(step), stamp)
+        self.last = CheckpointRef(step, _join(self.display_root, f"step-{step:08d}"), stamp)
         self.committed += 1
         if self.metrics is not None:
             self.metrics.checkpoint_seconds.labels("write").observe(time.perf_counter() - started)

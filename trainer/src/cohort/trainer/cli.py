@@ -27,12 +27,18 @@ def _user_errors() -> tuple[type[Exception], ...]:
 
 def cmd_train(args: argparse.Namespace) -> int:
     import faulthandler
+    import logging
+    import os
     import signal
 
     from . import log
 
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 <pid>` dumps every thread's stack to the log
     log.configure()
+    from .trainer import STOP_REQUESTED, Terminated
+
+    # SIGTERM (pod deletion, scale-down): finish the step in flight, then leave cleanly.
+    signal.signal(signal.SIGTERM, lambda signum, frame: STOP_REQUESTED.set())
     try:
         cfg = load_config(args.config)
         from .trainer import Trainer
@@ -45,11 +51,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         trainer.run()
     except ConfigError as e:  # a plan this world cannot run (e.g. not a multiple of tensor x pipeline)
         rc = _fail(str(e))
+    except Terminated:
+        trainer.ckpt.wait()
+        logging.getLogger("cohort.trainer").info("stopped by SIGTERM", extra={"step": trainer.state.step})
+        rc = 143
     # The checkpoint is committed and the summary written. Exit without interpreter
     # finalisation: the rendezvous store's native server thread can block it.
-    import logging
-    import os
-
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

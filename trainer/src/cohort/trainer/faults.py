@@ -5,10 +5,10 @@ holds rank R computes F times slower, for the rest of its life.
 ``COHORT_FAULT_KILL=rank=R,step=S``: at step S the process holding rank R
 SIGKILLs itself.
 
-Only a process still in the first world it joined, and already training
-before step S, acts: a newcomer that later takes rank R (a replacement) is
-healthy, and survivors of the fault (now in a later world) do not re-trigger
-it when they replay step S.
+A fault fires only in a process that was training before step S and reaches
+step S for the first time: a newcomer that later takes rank R (a
+replacement) is healthy, and the survivors of a kill, which replay step S in
+the next world, do not fire it again.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ class Faults:
     kill_rank: int = -1
     kill_step: int = 0
     first_step: int | None = None  # first step this process trained
+    max_seen: int = -1             # highest step this process has started
     slowed: bool = False
 
     @classmethod
@@ -55,17 +56,20 @@ class Faults:
             f.kill_rank, f.kill_step = int(p["rank"]), int(p.get("step", 0))
         return f
 
-    def before_step(self, rank: int, step: int, first_world: bool) -> None:
+    def before_step(self, rank: int, step: int) -> None:
         if self.first_step is None:
             self.first_step = step
-        if not first_world:
-            return
-        if self.kill_rank == rank and step == self.kill_step and self.first_step < max(self.kill_step, 1):
+        before, self.max_seen = self.max_seen, max(self.max_seen, step)
+
+        def crossing(at: int) -> bool:  # this process reaches step `at` now, for the first time
+            return before < at <= step and self.first_step < max(at, 1)
+
+        if self.kill_rank == rank and step == self.kill_step and crossing(self.kill_step):
             log.warning("fault injection: SIGKILL self", extra={"step": step, "t": time.time()})
             logging.shutdown()
             os.kill(os.getpid(), signal.SIGKILL)
-        if (not self.slowed and self.slow_rank == rank and step >= self.slow_step
-                and self.first_step < max(self.slow_step, 1)):
+        if not self.slowed and self.slow_rank == rank and crossing(self.slow_step):
+            log.warning("fault injection: computing slower", extra={"step": step, "factor": self.slow_factor})
             self.slowed = True
 
     def delay(self, compute_s: float) -> float:

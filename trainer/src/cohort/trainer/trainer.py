@@ -15,6 +15,7 @@ import json
 import math
 import os
 import socket
+import threading
 import time
 from contextlib import nullcontext
 from typing import Any
@@ -42,6 +43,14 @@ log = logmod.get_logger(__name__)
 
 class WorldChanged(Exception):
     """A newer world was published between steps."""
+
+
+class Terminated(Exception):
+    """SIGTERM (e.g. the pod is being deleted): stop between steps, leave cleanly."""
+
+
+# Set by the SIGTERM handler (cli.py), possibly before the Trainer exists.
+STOP_REQUESTED = threading.Event()
 
 
 def build_optimizer(params: Any, opt: Any) -> torch.optim.Optimizer:
@@ -90,8 +99,9 @@ class Trainer:
         data = self.workload.data
         self.sampler = ElasticSampler(len(data.train_x), self.spec.workload.batch_size, self.spec.workload.seed)
         self.state = TrainState(self.model, self.optimizer, self.sampler)
-        self.ckpt = Checkpointer(map_path(self.spec.checkpoint.path).rstrip("/") + "/" + cfg.name,
-                                 self.spec.checkpoint.keep, self.spec.checkpoint.async_, self.metrics)
+        ck_root = self.spec.checkpoint.path.rstrip("/") + "/" + cfg.name
+        self.ckpt = Checkpointer(map_path(ck_root), self.spec.checkpoint.keep, self.spec.checkpoint.async_,
+                                 self.metrics, display_root=ck_root)
         self.ckpt.check_writable()
         self.last_ckpt_time = time.monotonic()
         self.last_saved_step = -1
@@ -138,11 +148,13 @@ class Trainer:
             latest = self.worlds.latest
             if latest is not None and latest.version > seen and latest.rank_of(self.pod) is not None:
                 return latest
+            if STOP_REQUESTED.is_set():
+                raise Terminated()
             self.metrics.update_progress(state="waiting")
             self.metrics.rank.set(-1)
             if latest is not None:
                 seen = max(seen, latest.version)
-            self.worlds.wait_newer(seen, timeout_s=5.0)
+            self.worlds.wait_newer(seen, timeout_s=0.5)
 
     def _newer_world_arrives(self, world: World, error: Exception) -> bool:
         log.warning("collective failed; waiting for the next world",
@@ -240,6 +252,7 @@ class Trainer:
         log.info("resumed from checkpoint", extra={"step": ref[0].step, "location": ref[0].location})
 
     def _leave(self) -> None:
+        log.info("left world", extra={"step": self.state.step})
         self.left_at = time.perf_counter()
         self.plan = None
         self.metrics.update_progress(state="recovering")
@@ -261,6 +274,8 @@ class Trainer:
         size = self.plan.dp_size
         self.metrics.update_progress(state="training", worldVersion=world.version, rank=self.rank)
         while not self._done():
+            if STOP_REQUESTED.is_set():
+                raise Terminated()
             if not self.static and self._latest_version() != world.version:
                 raise WorldChanged()
             if self.sampler.epoch_done(size):
@@ -272,7 +287,7 @@ class Trainer:
     def _step(self, size: int) -> None:
         assert self.plan is not None
         data, step = self.workload.data, self.state.step
-        self.faults.before_step(self.rank, step, first_world=self.joined == 1)
+        self.faults.before_step(self.rank, step)
         t0 = time.perf_counter()
         hook_mark = self.stats.last_hook_time
         idx = self.sampler.indices(self.plan.dp_rank, size)

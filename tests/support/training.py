@@ -1,0 +1,95 @@
+"""Helpers for end-to-end training jobs on process nodes: manifests, progress, worker logs."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.support.kube import Cluster, wait_for
+from tests.support.operator import TEST_INSTANCE
+
+REPO = Path(__file__).resolve().parents[2]
+CLUSTER_DIR = Path(os.environ.get("COHORT_CLUSTER_DIR", Path.home() / ".cache/cohort/cluster"))
+
+
+def training_job(name: str, env: dict[str, str] | None = None, **sections: Any) -> dict[str, Any]:
+    """examples/digits.yaml on process nodes, handled by the test operator; ``sections`` override spec sections."""
+    job = yaml.safe_load((REPO / "examples/digits.yaml").read_text())
+    job["metadata"] = {"name": name, "labels": {"cohort.dev/operator": TEST_INSTANCE}}
+    spec = job["spec"]
+    spec["scheduling"] = {"nodeSelector": {"type": "process"}}
+    spec["faultTolerance"] = {"backoffSeconds": 1, "maxBackoffSeconds": 4, "belowMinTimeoutSeconds": 120}
+    spec["checkpoint"] = {"everySteps": 100, "keep": 2,
+                          "volume": {"persistentVolumeClaim": {"claimName": f"{name}-checkpoints"}}}
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(spec.get(key), dict):
+            spec[key] = {**spec[key], **copy.deepcopy(value)}
+        else:
+            spec[key] = copy.deepcopy(value)
+    if env:
+        spec["podTemplate"] = {"spec": {"containers": [
+            {"name": "trainer", "env": [{"name": k, "value": v} for k, v in env.items()]}]}}
+    return job
+
+
+def create(cluster: Cluster, ns: str, job: dict[str, Any]) -> None:
+    claim = job["spec"]["checkpoint"].get("volume", {}).get("persistentVolumeClaim", {}).get("claimName")
+    if claim:
+        cluster.core.create_namespaced_persistent_volume_claim(ns, {
+            "metadata": {"name": claim},
+            "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}})
+    cluster.create_job(ns, job)
+
+
+def progress(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
+    return cluster.get_job(ns, name).get("status", {}).get("progress", {}) or {}
+
+
+def wait_step(cluster: Cluster, ns: str, name: str, step: int, timeout_s: float = 120) -> dict[str, Any]:
+    return wait_for(lambda: (p := progress(cluster, ns, name)) and p.get("step", 0) >= step and p,
+                    timeout_s, 0.2, what=f"{name} at step {step}")
+
+
+def wait_finished(cluster: Cluster, ns: str, name: str, timeout_s: float = 240) -> dict[str, Any]:
+    job = wait_for(lambda: (j := cluster.get_job(ns, name)).get("status", {}).get("phase") in ("Succeeded", "Failed")
+                   and j, timeout_s, 0.5, what=f"{name} finished")
+    return job
+
+
+def worker_records(ns: str, name: str) -> list[dict[str, Any]]:
+    """Every JSON log record of every worker pod the job ever had, with the pod name added."""
+    out = []
+    for path in sorted((CLUSTER_DIR / "logs/pods").glob(f"{ns}_{name}-worker-*_trainer.log")):
+        pod = path.name[len(ns) + 1:].rsplit("_", 1)[0]
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    out.append({**json.loads(line), "_pod": pod})
+    return sorted(out, key=lambda r: r.get("ts", ""))
+
+
+def steps_lost(records: list[dict[str, Any]]) -> list[int]:
+    """For every member that left a world: the steps it had completed minus the step the next world
+    resumed at. Positive values are steps computed twice; in-place recovery gives 0 (or less)."""
+    resumed: dict[int, int] = {}
+    for r in records:
+        if r.get("msg") == "joined world" and r.get("source") in ("peer", "checkpoint"):
+            resumed.setdefault(r["world_version"], r["step"])
+    lost = []
+    for r in records:
+        if r.get("msg") == "left world":
+            later = [v for v in resumed if v > r["world_version"]]
+            if later:
+                lost.append(r["step"] - resumed[min(later)])
+    return lost
+
+
+def world_sizes(records: list[dict[str, Any]], pod: str) -> list[int]:
+    """The world sizes one worker trained in, in order."""
+    return [r["size"] for r in records if r.get("msg") == "joined world" and r["_pod"] == pod]

@@ -1,0 +1,30 @@
+"""Fault injection fires once, in the process that holds the rank when the step is first reached."""
+
+from __future__ import annotations
+
+from cohort.trainer.faults import Faults
+
+
+def test_slow_fires_only_when_crossing_the_step():
+    f = Faults.from_env({"COHORT_FAULT_SLOW": "rank=1,factor=4,step=10"})
+    for step in range(0, 10):
+        f.before_step(rank=2, step=step)
+    f.before_step(rank=2, step=10)     # crosses step 10 holding rank 2: not the target
+    f.before_step(rank=1, step=11)     # later holds rank 1: too late, the fault is for step 10
+    assert not f.slowed
+    g = Faults.from_env({"COHORT_FAULT_SLOW": "rank=1,factor=4,step=10"})
+    for step in range(0, 11):
+        g.before_step(rank=1, step=step)
+    assert g.slowed
+
+
+def test_newcomer_and_replay_do_not_fire():
+    newcomer = Faults.from_env({"COHORT_FAULT_SLOW": "rank=1,step=10"})
+    newcomer.before_step(rank=1, step=10)  # its first step is 10: it was not training before
+    assert not newcomer.slowed
+    survivor = Faults.from_env({"COHORT_FAULT_KILL": "rank=2,step=5"})
+    for step in range(0, 5):
+        survivor.before_step(rank=3, step=step)
+    survivor.before_step(rank=3, step=5)   # reached step 5 holding rank 3
+    survivor.before_step(rank=2, step=5)   # the replay after a kill, now as rank 2: must not die
+    assert survivor.max_seen == 5
