@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import fsspec
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
@@ -55,6 +56,9 @@ class Checkpointer:
         self.is_url = "://" in root
         self._done = threading.Event()  # set when the save in flight is committed (or failed)
         self._done.set()
+        self._stager: Any = None
+        self._staging: Future | None = None  # staging of the last async save, until before_update()
+        self._stall = 0.0
         self.last: CheckpointRef | None = None
         self.committed = 0
 
@@ -110,27 +114,62 @@ class Checkpointer:
         return dcp.FileSystemReader(self.path(step))
 
     # --- save -----------------------------------------------------------------
+    def _async_stager(self) -> Any:
+        """Stage (copy) the state in a background thread: training is blocked only if it needs
+        to update the parameters before the copy is done (see :meth:`before_update`)."""
+        if self._stager is None:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            cuda = torch.cuda.is_available()
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                                        use_async_staging=True, use_non_blocking_copy=cuda))
+        return self._stager
+
     def save(self, step: int, state: dict[str, Any], meta: dict[str, Any], *, coordinator: bool = True,
              group: dist.ProcessGroup | None = None, sharded: bool = False) -> float:
-        """Start saving ``state`` at ``step``; returns the seconds training was blocked."""
+        """Start saving ``state`` at ``step``; returns the seconds training was blocked so far.
+
+        With async saves the state is staged in the background: call :meth:`before_update`
+        before the next optimizer step (it waits for staging if it is still running).
+        """
         t0 = time.perf_counter()
         self.wait()  # one save in flight at a time: a slow disk stalls training instead of piling up copies
         kwargs: dict[str, Any] = ({"process_group": group} if sharded else {"no_dist": True})
         writer = self._writer(step)
         if self.async_save:
-            fut = dcp.async_save(state, storage_writer=writer, **kwargs)
-            fut = getattr(fut, "upload_completion", fut)
+            response = dcp.async_save(state, storage_writer=writer, async_stager=self._async_stager(), **kwargs)
+            self._staging = getattr(response, "staging_completion", None)
+            fut = getattr(response, "upload_completion", response)
         else:
             dcp.save(state, storage_writer=writer, **kwargs)
             fut = Future()
             fut.set_result(None)
-        stall = time.perf_counter() - t0
+        self._stall = time.perf_counter() - t0
         self._done.clear()
         started = time.perf_counter()
         fut.add_done_callback(lambda f: self._on_written(f, step, meta, coordinator, started))
+        if self._staging is None:
+            self._observe_stall()
+        return self._stall
+
+    def before_update(self) -> float:
+        """Wait until the last save's staging copy is done (call before changing the state)."""
+        if self._staging is None:
+            return 0.0
+        t0 = time.perf_counter()
+        try:
+            self._staging.result()
+        except Exception as e:  # reported again by the upload future
+            log.error("checkpoint staging failed", extra={"error": str(e)})
+        self._staging = None
+        blocked = time.perf_counter() - t0
+        self._stall += blocked
+        self._observe_stall()
+        return blocked
+
+    def _observe_stall(self) -> None:
         if self.metrics is not None:
-            self.metrics.checkpoint_seconds.labels("stall").observe(stall)
-        return stall
+            self.metrics.checkpoint_seconds.labels("stall").observe(self._stall)
 
     def _on_written(self, fut: Future, step: int, meta: dict[str, Any], coordinator: bool, started: float) -> None:
         try:
@@ -160,6 +199,7 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is committed or has failed."""
+        self.before_update()
         self._done.wait()
 
     def prune(self) -> None:

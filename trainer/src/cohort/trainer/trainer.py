@@ -303,6 +303,7 @@ class Trainer:
         exposed = t_bwd - self.stats.last_hook_time if self.stats.last_hook_time > hook_mark else 0.0
         compute = (t_bwd - t0) - exposed
         compute += self.faults.delay(compute)
+        self.ckpt.before_update()  # a checkpoint still being staged must not see this update
         self.optimizer.step()
         t_opt = time.perf_counter()
         self.plan.after_step(step + 1)
