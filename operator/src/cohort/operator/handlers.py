@@ -3,8 +3,8 @@
 - a TrainingJob event (only this instance's jobs: see ``Settings.instance``) stores the newest object and enqueues the job (unless
   only its status changed: that is the operator's own write coming back);
 - an event on a pod labelled ``cohort.dev/job`` enqueues that job;
-- the deletion of an object the job owns (ConfigMap, Service, RBAC, PDB)
-  enqueues the job, which recreates it.
+- the deletion of a ConfigMap or Service the job owns enqueues the job,
+  which recreates it.
 
 Only ``on.event`` handlers are used: they keep no progress annotations and
 need no finalizers, so deleting a job (or a namespace) never waits for the
@@ -29,14 +29,13 @@ from .workqueue import NORMAL, URGENT
 
 POD_BATCH_S = 0.2
 
-# Owned kinds whose deletion must be repaired: (group, version, plural, kind).
+# Owned kinds watched so that a deletion is repaired at once: (group, version,
+# plural, kind). The ServiceAccount, Role, RoleBinding and PDB are checked at
+# each resync instead (Reconciler.verify_owned): one list per namespace, where
+# a watch would cost an event per object per change for a rare repair.
 OWNED_KINDS = (
     ("", "v1", "configmaps", "ConfigMap"),
     ("", "v1", "services", "Service"),
-    ("", "v1", "serviceaccounts", "ServiceAccount"),
-    ("rbac.authorization.k8s.io", "v1", "roles", "Role"),
-    ("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
-    ("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget"),
 )
 
 

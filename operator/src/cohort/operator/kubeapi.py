@@ -92,19 +92,22 @@ class Kube:
         return headers
 
     async def request(self, method: str, path: str, *, body: Any = None, params: dict[str, str] | None = None,
-                      content_type: str = "application/json") -> dict[str, Any]:
+                      content_type: str = "application/json", parse: bool = True) -> dict[str, Any]:
+        """One API call. ``parse=False`` skips decoding the answer: a write returns the
+        whole object (managedFields included), and most callers never look at it."""
         data = None if body is None else json.dumps(body)
         async with self.session.request(method, self.base + path, params=params, data=data,
                                         headers=self._headers(content_type if data else None)) as resp:
-            text = await resp.text()
+            raw = await resp.read()
             if resp.status >= 300:
+                text = raw.decode(errors="replace")
                 try:
                     status = json.loads(text)
                     message, reason = status.get("message", text), status.get("reason", resp.reason or "")
                 except ValueError:
                     message, reason = text, resp.reason or ""
                 raise ApiError(resp.status, reason, message)
-            return json.loads(text) if text else {}
+            return json.loads(raw) if raw and parse else {}
 
     # --- verbs ----------------------------------------------------------------
     async def get(self, path: str) -> dict[str, Any] | None:
@@ -126,7 +129,7 @@ class Kube:
     async def create_if_absent(self, path: str, body: dict[str, Any]) -> bool:
         """Create; True if this call created it, False if it already existed (409)."""
         try:
-            await self.request("POST", path, body=body)
+            await self.request("POST", path, body=body, parse=False)
             return True
         except ApiError as e:
             if e.status == 409:
@@ -136,8 +139,8 @@ class Kube:
     async def replace(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return await self.request("PUT", path, body=body)
 
-    async def patch(self, path: str, patch: Any, *, content_type: str = MERGE_PATCH) -> dict[str, Any]:
-        return await self.request("PATCH", path, body=patch, content_type=content_type)
+    async def patch(self, path: str, patch: Any, *, content_type: str = MERGE_PATCH, parse: bool = False) -> dict[str, Any]:
+        return await self.request("PATCH", path, body=patch, content_type=content_type, parse=parse)
 
     async def delete(self, path: str, *, uid: str = "", grace_s: int | None = None) -> bool:
         """Delete (background propagation); False if it was already gone.
@@ -151,7 +154,7 @@ class Kube:
         if grace_s is not None:
             body["gracePeriodSeconds"] = grace_s
         try:
-            await self.request("DELETE", path, body=body)
+            await self.request("DELETE", path, body=body, parse=False)
             return True
         except ApiError as e:
             if e.status in (404, 409):

@@ -32,7 +32,7 @@ class OperatorMetrics:
             self.jobs.labels(phase=phase).set(0)
         for reason in ("failure", "straggler"):
             self.replacements.labels(reason=reason)
-        for where in ("reconcile", "events"):
+        for where in ("reconcile", "events", "resync"):
             self.errors.labels(where=where)
 
     def set_phases(self, phases: Iterable[str]) -> None:

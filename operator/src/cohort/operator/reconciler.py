@@ -32,7 +32,17 @@ from .gang import DISCOVERY_GROUP_VERSIONS, GangApi, build_gang_object, choose_g
 from .jobstate import JobKey, JobMemory
 from .kubeapi import ApiError, Kube, gather_limited
 from .lifecycle import FINAL_PHASES, get_condition, set_condition
-from .manifests import CONFIG_MAP, POD, build_world_map, kind_of, owned_objects
+from .manifests import (
+    CONFIG_MAP,
+    PDB,
+    POD,
+    ROLE,
+    ROLE_BINDING,
+    SERVICE_ACCOUNT,
+    build_world_map,
+    kind_of,
+    owned_objects,
+)
 from .metrics import OperatorMetrics
 from .naming import API_VERSION, CONFIG_KEY, LABEL_JOB, WORLD_KEY, world_map_name
 from .observe import view_pods
@@ -43,6 +53,9 @@ from .workqueue import BACKGROUND, WorkQueue
 from .world import Member, World
 
 log = logging.getLogger(__name__)
+# Owned kinds not watched (see handlers.OWNED_KINDS): verified at each resync.
+UNWATCHED_KINDS = (SERVICE_ACCOUNT, ROLE, ROLE_BINDING, PDB)
+UNWATCHED_NAMES = {k.kind for k in UNWATCHED_KINDS}
 
 
 def job_path(namespace: str, name: str = "", sub: str = "") -> str:
@@ -88,9 +101,29 @@ class Reconciler:
         """Level-based safety net: every job is reconciled at least every resync period."""
         while True:
             await asyncio.sleep(self.settings.resync_s)
+            try:
+                await self.verify_owned()
+            except (ApiError, OSError, asyncio.TimeoutError) as e:
+                self.metrics.errors.labels(where="resync").inc()
+                log.warning("resync: could not list owned objects: %r", e)
             for key, mem in list(self.jobs.items()):
                 if mem.body is not None:
                     self.queue.add(key, BACKGROUND)
+
+    async def verify_owned(self) -> None:
+        """Forget owned objects of the unwatched kinds that no longer exist, so reconciles recreate them."""
+        namespaces = sorted({key[0] for key, mem in self.jobs.items() if mem.body is not None})
+        for ns in namespaces:
+            present: set[tuple[str, str]] = set()
+            for kind in UNWATCHED_KINDS:
+                for obj in await self.kube.list(kind.path(ns), label_selector=LABEL_JOB):
+                    present.add((kind.kind, obj["metadata"]["name"]))
+            for key, mem in list(self.jobs.items()):
+                if key[0] != ns:
+                    continue
+                for ident in [i for i in mem.ensured if i[0] in UNWATCHED_NAMES and i not in present]:
+                    mem.ensured.discard(ident)
+                    mem.lost.add(ident)
 
     # --- one reconcile -------------------------------------------------------
     async def reconcile(self, key: Any) -> None:
@@ -147,20 +180,27 @@ class Reconciler:
         gang_fields: dict[str, Any] = {}
         active = status.phase not in FINAL_PHASES
         before, after = owned_objects(job, spec)
-        if active:
-            await self._ensure_owned(mem, job, before, world=True)
-            gang_fields = await self._ensure_gang(mem, job, spec, now)
-        if mem.fresh:
-            pods = []  # status.podIndex was 0: no pod of this job was ever created
-        else:
-            pods = await self.kube.list(POD.path(ns), label_selector=f"{LABEL_JOB}={name}")
+        # What the pods need (config, ServiceAccount) is ensured while the pods
+        # are listed and the status written; it is awaited before any pod is created.
+        prerequisites: asyncio.Future[Any] = asyncio.ensure_future(
+            self._ensure_owned(mem, job, before, world=True) if active else asyncio.sleep(0))
+        try:
+            if active:
+                gang_fields = await self._ensure_gang(mem, job, spec, now)
+            if mem.fresh:
+                pods = []  # status.podIndex was 0: no pod of this job was ever created
+            else:
+                pods = await self.kube.list(POD.path(ns), label_selector=f"{LABEL_JOB}={name}")
+        except BaseException:
+            prerequisites.cancel()
+            raise
         inputs = Inputs(job=job, spec=spec, status=mem.status, world=mem.world, pods=view_pods(pods, mem.uid),
                         now=now, straggler=mem.verdict, progress=mem.progress)
         plan = plan_job(inputs)
         mem.fresh = False
         # The Service, RBAC and PDB wait for a reconcile that creates no pod:
         # on a busy API server, every job's workers come first.
-        if await self._execute(mem, job, spec, plan, gang_fields) and active:
+        if await self._execute(mem, job, spec, plan, gang_fields, prerequisites) and active:
             if plan.create:
                 self.queue.add_after(mem.key, 1.0, BACKGROUND)
             else:
@@ -292,16 +332,19 @@ class Reconciler:
 
     # --- carrying out a plan -------------------------------------------------
     async def _execute(self, mem: JobMemory, job: dict[str, Any], spec: TrainingJobSpec, plan: Plan,
-                       gang_fields: dict[str, Any]) -> bool:
+                       gang_fields: dict[str, Any], prerequisites: asyncio.Future[Any]) -> bool:
         """Carry out the plan; False when the job is gone."""
         ns, name = mem.key
-        if plan.world is not None:
-            old_version = mem.world.version
-            await self._write_world(mem, job, plan.world)
-            if plan.world.version != old_version:
-                self.metrics.world_changes.inc()
-        if to_dict(plan.status) != mem.written and not await self._patch_status(mem, job, plan.status):
-            return False
+        try:
+            if plan.world is not None:
+                old_version = mem.world.version
+                await self._write_world(mem, job, plan.world)
+                if plan.world.version != old_version:
+                    self.metrics.world_changes.inc()
+            if to_dict(plan.status) != mem.written and not await self._patch_status(mem, job, plan.status):
+                return False
+        finally:
+            await prerequisites  # its errors surface here, before any pod is created
         mem.status = plan.status
         if plan.delete_job:
             for ev in plan.events:
@@ -341,6 +384,7 @@ class Reconciler:
         path = CONFIG_MAP.path(ns, world_map_name(name))
         repaired: str | None = None
         if create_only:
+            # Recreate what memory holds; a concurrent publish of a newer world wins (it patches).
             if await self.kube.create_if_absent(CONFIG_MAP.path(ns), body) and ("World", world_map_name(name)) in \
                     mem.lost and world.version > 0:
                 repaired = f"ConfigMap {world_map_name(name)}"
@@ -350,8 +394,9 @@ class Reconciler:
             except ApiError as e:
                 if e.status != 404:
                     raise
-                await self.kube.create(CONFIG_MAP.path(ns), body)
-        mem.world = world
+                if not await self.kube.create_if_absent(CONFIG_MAP.path(ns), body):
+                    await self.kube.patch(path, {"data": body["data"]})  # recreated meanwhile
+            mem.world = world
         mem.ensured.add(("ConfigMap", world_map_name(name)))
         mem.lost.discard(("World", world_map_name(name)))
         mem.lost.discard(("ConfigMap", world_map_name(name)))

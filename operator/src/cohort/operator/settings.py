@@ -30,7 +30,7 @@ class Settings:
     """Every job is reconciled at least this often, events or not (watches and timers do the rest)."""
     progress_s: float = 10.0
     """How often rank 0's /progress and the members' /metrics are read."""
-    max_concurrent_reconciles: int = 16
+    max_concurrent_reconciles: int = 32
     """Jobs reconciled at the same time (one at a time per job)."""
     api_concurrency: int = 32
     """Open requests to the API server at most."""
