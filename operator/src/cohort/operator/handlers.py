@@ -2,7 +2,8 @@
 
 - a TrainingJob event (only this instance's jobs: see ``Settings.instance``) stores the newest object and enqueues the job (unless
   only its status changed: that is the operator's own write coming back);
-- an event on a pod labelled ``cohort.dev/job`` enqueues that job;
+- an event on a pod labelled ``cohort.dev/job`` updates the ``pods_by_job``
+  index (the reconciler's view of the pods) and enqueues that job;
 - the deletion of a ConfigMap or Service the job owns enqueues the job,
   which recreates it.
 
@@ -83,8 +84,19 @@ def build_registry(rec: Reconciler) -> kopf.OperatorRegistry:
     def login(**kwargs: Any) -> Any:
         return kopf.login_via_client(**kwargs)
 
+    # The pods of each job, kept by kopf from the pod watch. kopf runs no other
+    # handler before every index has its initial listing, so a (re)started
+    # operator never plans with a partial view of the pods.
+    @kopf.index("v1", "pods", id="pods_by_job", registry=registry)
+    async def pods_by_job(*, namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
+                          **_: Any) -> dict[Any, Any]:
+        job = labels.get(LABEL_JOB)
+        return {(namespace or "", job): dict(body)} if job else {}
+
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
-    async def job_event(*, type: str, event: kopf.RawEvent, namespace: str | None, name: str, **_: Any) -> None:
+    async def job_event(*, type: str, event: kopf.RawEvent, namespace: str | None, name: str,
+                        **kwargs: Any) -> None:
+        rec.pod_index = kwargs["pods_by_job"]  # kopf passes every index to every handler
         key = (namespace or "", name)
         if type == "DELETED":
             rec.job_deleted(key)

@@ -28,7 +28,9 @@ class JobMemory:
     body: dict[str, Any] | None = None  # the newest TrainingJob seen in a watch event
     fingerprint: str = ""  # what, besides status, the last enqueued event carried
     loaded: bool = False  # status and world were read from the API after (re)start
-    fresh: bool = False  # loaded with podIndex 0: the first reconcile need not list pods
+    # Our own writes the pod index may not show yet (controller "expectations"):
+    expected: dict[str, tuple[float, dict[str, Any]]] = dataclasses.field(default_factory=dict)  # created
+    deleting: dict[str, float] = dataclasses.field(default_factory=dict)  # deleted, maybe still listed
     uid: str = ""
     status: TrainingJobStatus = dataclasses.field(default_factory=TrainingJobStatus)  # working copy
     written: dict[str, Any] = dataclasses.field(default_factory=dict)  # the status as last persisted

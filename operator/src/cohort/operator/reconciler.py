@@ -5,7 +5,8 @@ order of writes makes a crash at any point harmless:
 
 1. owned objects (config, Service, RBAC, PDB, gang object) are created if
    absent; the config is updated when the spec changes;
-2. the pods are listed fresh (a consistent read: our own writes are seen);
+2. the pods are read from kopf's pod index (the pod watch), corrected for
+   our own creations and deletions it may not show yet;
 3. the world ConfigMap is written (workers learn about departures at once);
 4. the status is patched, persisting ``podIndex`` before any pod with that
    index exists, and ``retiring`` before any pod is counted twice;
@@ -56,6 +57,8 @@ log = logging.getLogger(__name__)
 # Owned kinds not watched (see handlers.OWNED_KINDS): verified at each resync.
 UNWATCHED_KINDS = (SERVICE_ACCOUNT, ROLE, ROLE_BINDING, PDB)
 UNWATCHED_NAMES = {k.kind for k in UNWATCHED_KINDS}
+# How long our own pod creations/deletions are trusted over a pod index that does not show them yet.
+EXPECTATION_S = 30.0
 
 
 def job_path(namespace: str, name: str = "", sub: str = "") -> str:
@@ -72,6 +75,7 @@ class Reconciler:
         self.queue = WorkQueue()
         self.jobs: dict[JobKey, JobMemory] = {}
         self._phases: dict[JobKey, str] = {}  # for the jobs-by-phase gauge
+        self.pod_index: Any = None  # kopf's pods_by_job index, handed over by the first handler call
         self._gang: tuple[float, GangApi | None] | None = None
         self._gang_lock = asyncio.Lock()
 
@@ -187,17 +191,13 @@ class Reconciler:
         try:
             if active:
                 gang_fields = await self._ensure_gang(mem, job, spec, now)
-            if mem.fresh:
-                pods = []  # status.podIndex was 0: no pod of this job was ever created
-            else:
-                pods = await self.kube.list(POD.path(ns), label_selector=f"{LABEL_JOB}={name}")
+            pods = await self._observed_pods(mem)
         except BaseException:
             prerequisites.cancel()
             raise
         inputs = Inputs(job=job, spec=spec, status=mem.status, world=mem.world, pods=view_pods(pods, mem.uid),
                         now=now, straggler=mem.verdict, progress=mem.progress)
         plan = plan_job(inputs)
-        mem.fresh = False
         # The Service, RBAC and PDB wait for a reconcile that creates no pod:
         # on a busy API server, every job's workers come first.
         if await self._execute(mem, job, spec, plan, gang_fields, prerequisites) and active:
@@ -205,6 +205,33 @@ class Reconciler:
                 self.queue.add_after(mem.key, 1.0, BACKGROUND)
             else:
                 await self._ensure_owned(mem, job, after)
+
+    async def _observed_pods(self, mem: JobMemory) -> list[dict[str, Any]]:
+        """The job's pods: kopf's pod index, corrected for our own recent writes.
+
+        The index follows the pod watch, so a pod created a moment ago may be
+        missing and one just deleted may still look alive. Without these
+        corrections ("expectations") a reconcile right after a creation would
+        create the pods again. Without an index (before kopf's first call),
+        the pods are listed.
+        """
+        ns, name = mem.key
+        if self.pod_index is None:
+            return await self.kube.list(POD.path(ns), label_selector=f"{LABEL_JOB}={name}")
+        pods = {p["metadata"]["name"]: p for p in (self.pod_index.get(mem.key) or [])}
+        now = time.monotonic()
+        for pod, (since, manifest) in list(mem.expected.items()):
+            if pod in pods or now - since > EXPECTATION_S:
+                del mem.expected[pod]
+            else:
+                pods[pod] = manifest
+        for pod, since in list(mem.deleting.items()):
+            seen = pods.get(pod)
+            if seen is None or (seen.get("metadata") or {}).get("deletionTimestamp") or now - since > EXPECTATION_S:
+                del mem.deleting[pod]
+            else:
+                pods[pod] = {**seen, "metadata": {**seen["metadata"], "deletionTimestamp": "pending"}}
+        return list(pods.values())
 
     async def _invalid(self, mem: JobMemory, job: dict[str, Any], message: str) -> None:
         # The API server validates on admission; this guards objects stored
@@ -230,10 +257,7 @@ class Reconciler:
         mem.written = to_dict(mem.status)
         mem.loaded = True
         if mem.status.pod_index == 0 and mem.status.world.version == 0:
-            # A new job: pods are created only after podIndex is persisted, so
-            # none exists, and no world was ever written.
-            mem.fresh = True
-            return
+            return  # a new job: no pod, so no world, was ever created
         cm = await self.kube.get(CONFIG_MAP.path(ns, world_map_name(name)))
         stored = World.parse(((cm or {}).get("data") or {}).get(WORLD_KEY))
         from_status = World(version=mem.status.world.version,
@@ -423,6 +447,7 @@ class Reconciler:
         for n, r in zip(names, results, strict=True):
             if isinstance(r, BaseException):
                 raise r
+            mem.deleting[n] = time.monotonic()
             if r:
                 self.metrics.pods_deleted.inc()
                 out.setdefault(plan.delete[n], []).append(n)
@@ -439,6 +464,7 @@ class Reconciler:
         for pod, r in zip(pods, results, strict=True):
             if isinstance(r, BaseException):
                 raise r
+            mem.expected[pod["metadata"]["name"]] = (time.monotonic(), {**pod, "status": {"phase": "Pending"}})
             if r:
                 self.metrics.pods_created.inc()
                 created.append(pod["metadata"]["name"])
