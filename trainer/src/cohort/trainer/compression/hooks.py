@@ -165,10 +165,9 @@ def compressed_allgather_hook(state: CompressedAllgather, bucket: dist.GradBucke
 
     def average(f: torch.futures.Future[Any]) -> torch.Tensor:
         f.value()  # re-raises if the allgather failed (a peer left)
-        total = mine.clone()
-        for r in range(world):
-            if r != ctx.rank:
-                total += comp.decode(gathered[r * size:(r + 1) * size], n, seeds[r])
+        total = torch.zeros(n)
+        for r in range(world):  # in rank order on every rank: the ranks' sums agree bit for bit
+            total += mine if r == ctx.rank else comp.decode(gathered[r * size:(r + 1) * size], n, seeds[r])
         grad.copy_(total.div_(world))
         return grad
     return fut.then(average)

@@ -8,6 +8,8 @@ and the tests check that every pack round-trips exactly.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 _BYTE_SHIFTS = torch.arange(8, dtype=torch.uint8)
@@ -17,14 +19,28 @@ def packed_nbytes(numel: int, bits: int) -> int:
     return (numel * bits + 7) // 8
 
 
+def _group(bits: int) -> int:
+    """Codes per group whose bits fill whole bytes (8 / gcd(bits, 8)); the fast path needs <= 64 bits."""
+    return 8 // math.gcd(bits, 8)
+
+
 def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """Pack non-negative integer ``codes`` (each < 2**bits) into ``packed_nbytes(n, bits)`` bytes."""
     if not 1 <= bits <= 31:
         raise ValueError(f"bits must be in 1..31, got {bits}")
-    codes = codes.reshape(-1).to(torch.int32)
+    codes = codes.reshape(-1).to(torch.int64)
+    n, group = codes.numel(), _group(bits)
     if bits == 8:
         return codes.to(torch.uint8)
-    shifts = torch.arange(bits, dtype=torch.int32)
+    if group * bits <= 64:
+        # Fast path: a group of codes becomes one int64 word, then its bytes.
+        pad = (-n) % group
+        words = torch.cat([codes, codes.new_zeros(pad)]).view(-1, group)
+        words = (words << (torch.arange(group, dtype=torch.int64) * bits)).sum(1, keepdim=True)
+        nbytes = group * bits // 8
+        out = ((words >> (torch.arange(nbytes, dtype=torch.int64) * 8)) & 0xFF).to(torch.uint8).reshape(-1)
+        return out[: packed_nbytes(n, bits)]
+    shifts = torch.arange(bits, dtype=torch.int64)
     flat = ((codes.unsqueeze(1) >> shifts) & 1).to(torch.uint8).reshape(-1)
     pad = (-flat.numel()) % 8
     if pad:
@@ -34,9 +50,18 @@ def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 def unpack_bits(packed: torch.Tensor, numel: int, bits: int) -> torch.Tensor:
     """Inverse of :func:`pack_bits`: ``numel`` int32 codes."""
+    packed = packed.reshape(-1)
     if bits == 8:
         return packed[:numel].to(torch.int32)
-    flat = ((packed.reshape(-1).unsqueeze(1) >> _BYTE_SHIFTS) & 1).reshape(-1)[: numel * bits]
+    group = _group(bits)
+    if group * bits <= 64:
+        nbytes = group * bits // 8
+        pad = (-packed.numel()) % nbytes
+        raw = torch.cat([packed, packed.new_zeros(pad)]).to(torch.int64).view(-1, nbytes)
+        words = (raw << (torch.arange(nbytes, dtype=torch.int64) * 8)).sum(1, keepdim=True)
+        codes = (words >> (torch.arange(group, dtype=torch.int64) * bits)) & ((1 << bits) - 1)
+        return codes.reshape(-1)[:numel].to(torch.int32)
+    flat = ((packed.unsqueeze(1) >> _BYTE_SHIFTS) & 1).reshape(-1)[: numel * bits]
     shifts = torch.arange(bits, dtype=torch.int32)
     return (flat.view(numel, bits).to(torch.int32) << shifts).sum(1, dtype=torch.int32)
 

@@ -46,27 +46,28 @@ def consensus_step(compression: Any) -> float:
     """CHOCO's consensus step size gamma for ``spec.compression``.
 
     1 for the (nearly) exact encodings, where gossip is plain averaging. The
-    others were tuned on digits with 4 ranks on a ring (docs/algorithms.md):
-    gamma must shrink with the fraction of information a message carries, or
-    the replicas' copies lag and the consensus step overshoots (with top-k at
-    1%, gamma = 0.5 diverges; 0.05 converges).
+    others were tuned (docs/algorithms.md) on digits with 4 ranks on a ring, and
+    on pure consensus from different starting points with 2 and 4 ranks: too
+    large a gamma and the public copies lag behind the parameters, so the
+    consensus step overshoots (top-k at 10% with gamma = 0.5 diverges at P = 2;
+    0.05 converges). Random-k carries the least, so its gamma scales with k/n.
     """
     method = compression.method
     if method in ("none", "fp16", "bf16"):
         return 1.0
-    if method == "topk":
-        return min(1.0, 5.0 * compression.ratio)
     if method == "randomk":
         return min(1.0, 0.5 * compression.ratio)
-    return {"qsgd": 0.2, "terngrad": 0.3, "signsgd": 0.05}[method]
+    return {"topk": 0.05, "qsgd": 0.2, "terngrad": 0.2, "signsgd": 0.1}[method]
 
 
 @dataclass(frozen=True)
 class GossipConfig:
     consensus_step: float = 1.0
     """gamma in x += gamma * w * (theirs - mine); see consensus_step()."""
-    straggler_threshold: float = 1.5
-    """A neighbour computing this many times slower than this rank is not waited for."""
+    straggler_threshold: float = 2.0
+    """A neighbour computing this many times slower than this rank (plus straggler_margin_s) is not waited for."""
+    straggler_margin_s: float = 0.002
+    """Slack on top of the ratio: millisecond steps on shared cores jitter by more than 2x."""
     patience: float = 20.0
     """Most a round waits for one message, in units of this rank's mean compute time per step."""
     min_patience_s: float = 1.0
@@ -117,7 +118,8 @@ class GossipSync(Sync):
         now = [ex.links[p] for p in topology.neighbours(self.topology, self.ctx.rank, self.ctx.world_size,
                                                         self.rounds, self.seed)]
         for link in ex.links.values():
-            ex.post(link)
+            if link in now or link.awaiting:
+                ex.post(link)
         # At most one message per link per round: a rank that is behind must not
         # answer twice per round, or its neighbours would run ahead at twice its pace.
         sent: set[int] = set()
@@ -148,7 +150,8 @@ class GossipSync(Sync):
                     self._consensus(x, link)
                 if link.sent < link.received and link.peer not in sent:  # answer: completes the exchange
                     self._send(ex, link, x, step, sent)
-                ex.post(link)
+                if link.awaiting:  # otherwise the next round posts it: a receive left open at an
+                    ex.post(link)      # evaluation costs a dummy message to cancel
 
     def _keeping_up(self, link: Link, step: int) -> bool:
         """Worth waiting for: a neighbour at or behind this step that is not a straggler.
@@ -161,7 +164,8 @@ class GossipSync(Sync):
             return True  # a world's first round: set every link up
         if link.waited_for == link.sent or link.peer_step >= step:
             return False
-        return link.peer_compute_s <= self.config.straggler_threshold * (self._compute_s or 0.0)
+        c = self.config
+        return link.peer_compute_s <= c.straggler_threshold * (self._compute_s or 0.0) + c.straggler_margin_s
 
     def _consensus(self, x: torch.Tensor, link: Link) -> None:
         assert link.mine is not None and link.theirs is not None

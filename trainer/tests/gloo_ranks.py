@@ -1,0 +1,66 @@
+"""Test helper: run a function on N gloo ranks, each in a fresh process on 127.0.0.1.
+
+``run_ranks(fn, world, *args)`` spawns ``world`` processes, forms a gloo
+process group, calls ``fn(rank, world, *args)`` in each, and returns the
+ranks' return values (saved with torch.save) in rank order. ``fn`` must be a
+module-level function of an importable module (spawn pickles it by name).
+Processes that outlive ``timeout_s`` are killed, and the test fails.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from cohort.trainer.config import from_manifest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def job_spec(sync: str = "allreduce", method: str = "none", topology: str = "ring", period: int = 1,
+             **compression: Any) -> Any:
+    """A defaulted spec (the trainer's own config view) with the given sync and compression."""
+    manifest = {"apiVersion": "cohort.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "t"},
+                "spec": {"sync": {"algorithm": sync, "topology": topology, "period": period},
+                         "compression": {"method": method, **compression}}}
+    return from_manifest(manifest).spec
+
+
+def _entry(rank: int, fn: Callable[..., Any], world: int, port: int, out: str, args: tuple) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        result = fn(rank, world, *args)
+    finally:
+        dist.destroy_process_group()
+    torch.save(result, Path(out) / f"{rank}.pt")
+
+
+def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 180) -> list[Any]:
+    with tempfile.TemporaryDirectory(prefix="cohort-ranks-") as out:
+        ctx = mp.start_processes(_entry, args=(fn, world, free_port(), out, args), nprocs=world, join=False,
+                                 start_method="spawn")
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not ctx.join(timeout=1.0):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{world} ranks did not finish within {timeout_s}s")
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+        return [torch.load(Path(out) / f"{r}.pt", weights_only=False) for r in range(world)]
