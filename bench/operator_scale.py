@@ -14,7 +14,9 @@ cluster and in the same invocation:
 
 It reports the time until every pod exists and until every job is Running
 (every pod Ready, for the baseline), p50/p99 apply->Running per job, the
-operator's peak RSS, and its idle CPU once everything runs. Its own kwok
+operator's peak RSS, and its idle CPU once everything runs and the operator
+has settled (no reconcile for 5 s: the Service/RBAC/PDB follow-ups and the
+deferred Events are done). Its own kwok
 nodes (``--nodes`` x ``--pods-per-node``) are created first and deleted at
 the end, with the namespaces.
 
@@ -227,6 +229,28 @@ def proc_stats(pid: int) -> tuple[float, float]:
     return rss, cpu
 
 
+def reconciles(metrics_port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("cohort_operator_reconcile_seconds_count "):
+                return float(line.split()[1])
+    return 0.0
+
+
+def settle(metrics_port: int, quiet_s: float = 5, timeout_s: float = 300) -> float:
+    """Wait until the operator has not reconciled anything for ``quiet_s``; returns when (monotonic)."""
+    deadline = time.monotonic() + timeout_s
+    last, since = reconciles(metrics_port), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(1)
+        now = reconciles(metrics_port)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return since
+    return time.monotonic()
+
+
 def free_port() -> int:
     import socket
     with socket.socket() as s:
@@ -237,9 +261,9 @@ def free_port() -> int:
 def run_operator(cluster: Cluster, n_jobs: int, workers: int, concurrency: int, idle_s: float,
                  log_path: Path) -> dict[str, float]:
     ns = cluster.namespace("bench-operator")
-    health = free_port()
+    health, metrics = free_port(), free_port()
     cmd = [sys.executable, "-m", "cohort.operator.main", "--namespace", ns, "--instance", INSTANCE, "--standalone",
-           "--metrics-port", str(free_port()), "--health-port", str(health),
+           "--metrics-port", str(metrics), "--health-port", str(health),
            "--api-concurrency", str(concurrency), "--log-level", "WARNING"]
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
@@ -276,11 +300,13 @@ def run_operator(cluster: Cluster, n_jobs: int, workers: int, concurrency: int, 
         t_running = max(rec.job_running.values()) - t0
         latencies = [rec.job_running[j] - applied[j] for j in applied]
         rec.stop()
-        time.sleep(5)  # let the last status writes and Events settle
+        # Idle means settled: the Service/RBAC/PDB follow-ups and deferred Events are done.
+        settle_s = settle(metrics) - t0 - t_running
         rss, cpu0 = proc_stats(proc.pid)
         time.sleep(idle_s)
         rss, cpu1 = proc_stats(proc.pid)
-        return {"pods": total, "exist_s": t_exist, "running_s": t_running, "p50_s": pct(latencies, 0.5),
+        return {"pods": total, "exist_s": t_exist, "running_s": t_running, "settle_s": settle_s,
+                "p50_s": pct(latencies, 0.5),
                 "p99_s": pct(latencies, 0.99), "rss_mb": rss, "idle_cpu_pct": 100 * (cpu1 - cpu0) / idle_s}
     finally:
         proc.terminate()
@@ -300,6 +326,7 @@ def table(n_jobs: int, workers: int, concurrency: int, base: dict[str, float], o
          f"{base['running_s'] / op['running_s']:.2f}x"),
         ("apply->Running per job p50 (s)", f"{op['p50_s']:.2f}", "", ""),
         ("apply->Running per job p99 (s)", f"{op['p99_s']:.2f}", "", ""),
+        ("operator settled after all Running (s)", f"{op['settle_s']:.1f}", "", "Service/RBAC/PDB, Events"),
         ("operator peak RSS (MB)", f"{op['rss_mb']:.0f}", "", "target <= 250"),
         ("operator idle CPU (% of one core)", f"{op['idle_cpu_pct']:.1f}", "", "target <= 5"),
     ]

@@ -122,3 +122,15 @@ def test_work_queue_serves_urgent_keys_first():
         return seen
 
     assert asyncio.run(main()) == ["new-job", "routine", "resync"]
+
+
+def test_a_trimmed_pod_views_the_same():
+    from cohort.operator.observe import trim_pod
+
+    pod = {"metadata": {"name": "j-worker-2", "uid": "u", "ownerReferences": [{"controller": True, "uid": "job"}],
+                        "annotations": {"cohort.dev/replaces": "j-worker-1", "other": "x"},
+                        "managedFields": [{"big": "x" * 1000}], "labels": {"a": "b"}},
+           "spec": {"nodeName": "n1", "containers": [{"name": "trainer"}]},
+           "status": {"phase": "Running", "podIP": "10.0.0.2", "conditions": [{"type": "Ready", "status": "True"}]}}
+    assert view_pod(trim_pod(pod), "job") == view_pod(pod, "job")
+    assert "managedFields" not in trim_pod(pod)["metadata"]

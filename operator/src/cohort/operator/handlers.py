@@ -25,6 +25,7 @@ import kopf
 from .api.models import GROUP, PLURAL, VERSION
 from .jobstate import fingerprint
 from .naming import LABEL_JOB, LABEL_OPERATOR
+from .observe import trim_pod
 from .reconciler import Reconciler
 from .workqueue import NORMAL, URGENT
 
@@ -91,7 +92,7 @@ def build_registry(rec: Reconciler) -> kopf.OperatorRegistry:
     async def pods_by_job(*, namespace: str | None, labels: Mapping[str, str], body: kopf.Body,
                           **_: Any) -> dict[Any, Any]:
         job = labels.get(LABEL_JOB)
-        return {(namespace or "", job): dict(body)} if job else {}
+        return {(namespace or "", job): trim_pod(dict(body))} if job else {}
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def job_event(*, type: str, event: kopf.RawEvent, namespace: str | None, name: str,
@@ -103,7 +104,9 @@ def build_registry(rec: Reconciler) -> kopf.OperatorRegistry:
             return
         raw: Any = event.get("object") or {}
         mem = rec.memory(key)
-        mem.body = copy.deepcopy(dict(raw))
+        body = copy.deepcopy(dict(raw))
+        body.get("metadata", {}).pop("managedFields", None)  # large, and never read
+        mem.body = body
         fp = fingerprint(mem.body)
         if fp != mem.fingerprint or type is None:
             mem.fingerprint = fp

@@ -101,6 +101,25 @@ def view_pod(pod: dict[str, Any], job_uid: str) -> PodView:
     )
 
 
+def trim_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a Pod that :func:`view_pod` reads: what the operator keeps in memory per pod.
+
+    A full Pod (managedFields included) is several kilobytes; at thousands of
+    pods the index would otherwise dominate the operator's memory.
+    """
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    return {
+        "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "deletionTimestamp", "ownerReferences")
+                     if k in meta}
+                    | {"annotations": {k: v for k, v in (meta.get("annotations") or {}).items()
+                                       if k == ANNOTATION_REPLACES}},
+        "spec": {"nodeName": (pod.get("spec") or {}).get("nodeName")},
+        "status": {k: status[k] for k in ("phase", "podIP", "reason", "conditions", "containerStatuses")
+                   if k in status},
+    }
+
+
 def view_pods(pods: Iterable[dict[str, Any]], job_uid: str) -> list[PodView]:
     """Views sorted by ordinal (oldest first)."""
     return sorted((view_pod(p, job_uid) for p in pods), key=lambda v: (v.index, v.name))
