@@ -24,7 +24,7 @@ from .naming import MANAGER
 
 log = logging.getLogger(__name__)
 AGGREGATE_S = 600.0
-MAX_DEFER_S = 5.0
+MAX_DEFER_S = 30.0
 MAX_MESSAGE = 1024
 
 
