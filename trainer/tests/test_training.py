@@ -113,3 +113,32 @@ def test_bad_inputs_exit_2_naming_the_field_or_module(tmp_path):
     (tmp_path / "job.json").write_text(json.dumps(load_manifest(mf).to_document()))
     p = cohort("train", "--config", str(tmp_path / "job.json"))
     assert p.returncode == 2 and "spec.checkpoint.path" in p.stderr, p.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_bf16_autocast_trains(tmp_path):
+    s = run_local(tmp_path, manifest("bf16", workload={"precision": "bf16", "epochs": 10}), workers=2)
+    assert s["accuracy"] >= 0.9, s
+
+
+@pytest.mark.slow
+def test_runs_under_torchrun_with_its_env(tmp_path):
+    """No COHORT_WORLD: RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from torchrun give a static world."""
+    import subprocess
+    import sys
+
+    from cohort.trainer.config import from_manifest
+
+    doc = from_manifest(manifest("tr", workload={"epochs": 5}, checkpoint={"everySteps": 0})).to_document()
+    (tmp_path / "job.json").write_text(json.dumps(doc))
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+         "--rdzv-endpoint", "127.0.0.1:29871", "-m", "cohort.trainer.cli", "train", "--config",
+         str(tmp_path / "job.json")],
+        capture_output=True, text=True, timeout=240,
+        env={**__import__("os").environ, "COHORT_PATH_MAP": json.dumps({"/checkpoints": str(tmp_path / "ck")})})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    done = [json.loads(line) for line in proc.stderr.splitlines()
+            if line.startswith("{") and '"training complete"' in line]
+    assert len(done) == 2 and {d["rank"] for d in done} == {0, 1}
+    assert done[0]["accuracy"] > 0.9
