@@ -11,6 +11,9 @@ step under both systems:
 - torchrun elastic (c10d rendezvous, --max-restarts): every worker is
   restarted, re-imports torch, re-rendezvouses and reloads the newest
   checkpoint, taken every K steps.
+- Cohort on the local Kubernetes cluster (unless --no-cluster): the real
+  operator on process nodes, with one spare that the operator promotes into
+  the next world as soon as the killed pod is reported failed.
 Recovery time is from the kill to the first completed step of the new world;
 steps lost are the completed steps that must be computed again.
 """
@@ -64,6 +67,53 @@ def cohort_once(tmp: Path, workers: int, kill_step: int, steps: int) -> tuple[fl
     return max(recovered) - t_kill, kill_step - min(resumed)
 
 
+def cluster_once(kill_step: int, steps: int, run: int) -> tuple[float, int]:
+    """One job on the local cluster (cluster, process nodes and operator started by hack/ scripts)."""
+    from kubernetes import client, config
+
+    env = {**os.environ, "COHORT_OPERATOR_ARGS": os.environ.get(
+        "COHORT_OPERATOR_ARGS", "--namespace cohort-demo --namespace cohort-bench --progress-seconds 1 "
+                                "--resync-seconds 10")}
+    kubeconfig = subprocess.run([str(REPO / "hack/cluster.sh"), "up"], check=True, capture_output=True,
+                                text=True, env=env).stdout.strip().splitlines()[-1]
+    env["KUBECONFIG"] = kubeconfig
+    for script in ("processnodes.sh", "operator.sh"):
+        subprocess.run([str(REPO / "hack" / script), "up"], check=True, capture_output=True, env=env)
+    api = config.new_client_from_config(kubeconfig)
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    ns, name = "cohort-bench", f"recovery-{run}-{int(time.time())}"
+    try:
+        core.create_namespace({"metadata": {"name": ns}})
+    except client.ApiException as e:
+        if e.status != 409:
+            raise
+    job = yaml.safe_load((REPO / "examples/digits.yaml").read_text())
+    job["metadata"] = {"name": name}
+    job["spec"]["workload"].update({"epochs": 0, "maxSteps": steps, "evalEveryEpochs": 0})
+    job["spec"]["replicas"] = {"min": 2, "max": 6, "target": 4, "spares": 1}
+    job["spec"]["checkpoint"] = {"everySteps": 0}
+    job["spec"]["podTemplate"] = {"spec": {"containers": [{"name": "trainer", "env": [
+        {"name": "COHORT_FAULT_KILL", "value": f"rank=2,step={kill_step}"}]}]}}
+    custom.create_namespaced_custom_object("cohort.dev", "v1alpha1", ns, "trainingjobs", job)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        phase = custom.get_namespaced_custom_object("cohort.dev", "v1alpha1", ns, "trainingjobs", name) \
+            .get("status", {}).get("phase")
+        if phase in ("Succeeded", "Failed"):
+            break
+        time.sleep(1)
+    assert phase == "Succeeded", f"{ns}/{name} ended {phase}"
+    records = []
+    logs = Path(os.environ.get("COHORT_CLUSTER_DIR", Path.home() / ".cache/cohort/cluster")) / "logs/pods"
+    for path in logs.glob(f"{ns}_{name}-worker-*_trainer.log"):
+        records += [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+    t_kill = next(r["t"] for r in records if r["msg"] == "fault injection: SIGKILL self")
+    first = min(r["t"] for r in records if r["msg"] == "recovered" and r["t"] > t_kill)
+    resumed = min(r["step"] for r in records if r["msg"] == "joined world" and r["t"] > t_kill)
+    custom.delete_namespaced_custom_object("cohort.dev", "v1alpha1", ns, "trainingjobs", name)
+    return first - t_kill, max(0, kill_step - resumed)
+
+
 def torchrun_once(tmp: Path, workers: int, kill_step: int, steps: int, every: int, port: int) -> tuple[float, int]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(workers),
            "--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
@@ -84,13 +134,16 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=50, help="torchrun checkpoint interval K (steps)")
     ap.add_argument("--kill-steps", default="110,125,140")
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--no-cluster", action="store_true", help="skip the run on the local Kubernetes cluster")
     args = ap.parse_args()
-    rows = []
+    rows, cluster_rows = [], []
     for i, s in enumerate(int(x) for x in args.kill_steps.split(",")):
         with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
             c_time, c_lost = cohort_once(Path(a), args.workers, s, args.steps)
             t_time, t_lost = torchrun_once(Path(b), args.workers, s, args.steps, args.every, 29850 + i)
         rows.append((s, c_time, c_lost, t_time, t_lost))
+        if not args.no_cluster:
+            cluster_rows.append((s, *cluster_once(s, max(args.steps, 3 * s), i)))
     print(f"{args.workers} ranks, MLP on digits, gloo/CPU; torchrun checkpoints every K={args.every} steps")
     print("| kill at step | Cohort recovery (s) | Cohort steps lost | torchrun recovery (s) | torchrun steps lost |"
           " Cohort / torchrun time |")
@@ -101,6 +154,14 @@ def main() -> None:
     tt = statistics.mean(r[3] for r in rows)
     print(f"| mean | {ct:.3f} | {statistics.mean(r[2] for r in rows):.1f} | {tt:.3f} | "
           f"{statistics.mean(r[4] for r in rows):.1f} | **{ct / tt:.3f}** |")
+    if cluster_rows:
+        print("\nOn the local Kubernetes cluster (operator, process nodes, 4 workers + 1 spare promoted at once):")
+        print("| kill at step | recovery, kill -> first step of the new world (s) | steps lost |")
+        print("|---|---|---|")
+        for s, secs, lost in cluster_rows:
+            print(f"| {s} | {secs:.3f} | {lost} |")
+        print(f"| mean | **{statistics.mean(r[1] for r in cluster_rows):.3f}** | "
+              f"{statistics.mean(r[2] for r in cluster_rows):.1f} |")
 
 
 if __name__ == "__main__":

@@ -11,5 +11,5 @@ VENV=$("$HACK_DIR/venv.sh")
 KUBECONFIG=$("$HACK_DIR/cluster.sh" up | tail -n 1)
 export KUBECONFIG
 "$HACK_DIR/processnodes.sh" up
-COHORT_OPERATOR_ARGS=${COHORT_OPERATOR_ARGS:-"--namespace cohort-demo --progress-seconds 1 --resync-seconds 10"} "$HACK_DIR/operator.sh" up
+COHORT_OPERATOR_ARGS=${COHORT_OPERATOR_ARGS:-"--namespace cohort-demo --namespace cohort-bench --progress-seconds 1 --resync-seconds 10"} "$HACK_DIR/operator.sh" up
 exec "$VENV/bin/python" "$HACK_DIR/demo.py" "$@"

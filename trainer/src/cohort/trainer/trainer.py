@@ -188,7 +188,7 @@ class Trainer:
                                  self.spec.compression.method, self.plan.describe()).set(1)
         self.joined += 1
         log.info("joined world", extra={"size": world.size, "step": self.state.step, "plan": self.plan.describe(),
-                                        "source": self.recovery_source})
+                                        "source": self.recovery_source, "t": time.time()})
 
     def _agree_on_state(self) -> None:
         """Continue from the highest step any member holds; else the newest checkpoint; else step 0."""
