@@ -120,6 +120,7 @@ class Trainer:
         self.sps_ema: float | None = None
         self.eval_result: dict[str, float] = {}
         self.step_walls: list[float] = []
+        self._progress_at = 0.0
         self.t_start = time.monotonic()
         self.metrics.info.labels(cfg.name, self.spec.parallelism.strategy, self.spec.sync.algorithm,
                                  self.spec.compression.method, "").set(1)
@@ -341,7 +342,11 @@ class Trainer:
             self.left_at = None
         self._publish_progress()
 
-    def _publish_progress(self) -> None:
+    def _publish_progress(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._progress_at < 0.25:  # readers poll every second or so
+            return
+        self._progress_at = now
         last = self.ckpt.last
         self.metrics.update_progress(
             state="training", step=self.state.step, epoch=self.sampler.epoch, loss=self.loss_ema,

@@ -3,27 +3,18 @@
 Gradients are averaged by DDP; ``spec.compression`` picks the communication
 hook (torch's own fp16/PowerSGD hooks where the backend supports them,
 Cohort's compact compressors otherwise; see cohort.trainer.compression).
-Every hook is wrapped to time the hand-off and to count bytes.
+Every hook is wrapped to time the hand-off and to count bytes. Without
+compression DDP keeps its built-in C++ allreduce (a Python hook costs a few
+percent of a small step); the hand-off is then timed by a post-accumulate
+hook on the parameter whose gradient backward computes last.
 """
 
 from __future__ import annotations
 
-import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .base import Sync, ring_allreduce_bytes
-
-
-def dense_allreduce_hook(ctx, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Mean allreduce of the bucket (what DDP does by default), with accounting."""
-    tensor = bucket.buffer()
-    nbytes = tensor.numel() * tensor.element_size()
-    ctx.stats.record(ring_allreduce_bytes(nbytes, ctx.world_size), nbytes, nbytes)
-    tensor.div_(ctx.world_size)
-    fut = dist.all_reduce(tensor, group=ctx.group, async_op=True).get_future()
-    return fut.then(lambda f: f.value()[0])
 
 
 def timed_hook(hook, stats):
@@ -41,10 +32,23 @@ class AllreduceSync(Sync):
         ddp = DDP(model, process_group=self.ctx.group)
         method = self.ctx.spec.compression.method
         if method == "none":
-            ddp.register_comm_hook(self.ctx, timed_hook(dense_allreduce_hook, self.ctx.stats))
+            params = [p for p in model.parameters() if p.requires_grad]
+            self._dense_bytes = sum(p.numel() * p.element_size() for p in params)
+            # DDP buckets parameters in reverse order: the first parameter's gradient is the last one
+            # backward produces, so it is when the last bucket is handed to communication.
+            stale = getattr(model, "_cohort_handoff_marker", None)
+            if stale is not None:  # a previous world's marker: one per model
+                stale.remove()
+            model._cohort_handoff_marker = params[0].register_post_accumulate_grad_hook(
+                lambda p: self.ctx.stats.mark_hook())
         else:
             from ..compression.hooks import make_ddp_hook  # compressors are optional machinery
 
             state, hook = make_ddp_hook(self.ctx)
             ddp.register_comm_hook(state, timed_hook(hook, self.ctx.stats))
         return ddp
+
+    def after_step(self, model: nn.Module, step: int) -> None:
+        nbytes = getattr(self, "_dense_bytes", 0)
+        if nbytes:  # DDP's own allreduce moved every gradient once this step
+            self.ctx.stats.record(ring_allreduce_bytes(nbytes, self.ctx.world_size), nbytes, nbytes)
