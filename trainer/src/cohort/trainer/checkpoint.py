@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from .log import get_logger
+from .staging import BackgroundStager, has_dtensor
 
 log = get_logger(__name__)
 MARKER = "COMMITTED"
@@ -56,7 +57,7 @@ class Checkpointer:
         self.is_url = "://" in root
         self._done = threading.Event()  # set when the save in flight is committed (or failed)
         self._done.set()
-        self._stager: Any = None
+        self._stagers: dict[str, Any] = {}
         self._staging: Future | None = None  # staging of the last async save, until before_update()
         self._stall = 0.0
         self.last: CheckpointRef | None = None
@@ -114,16 +115,21 @@ class Checkpointer:
         return dcp.FileSystemReader(self.path(step))
 
     # --- save -----------------------------------------------------------------
-    def _async_stager(self) -> Any:
-        """Stage (copy) the state in a background thread: training is blocked only if it needs
-        to update the parameters before the copy is done (see :meth:`before_update`)."""
-        if self._stager is None:
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    def _async_stager(self, state: dict[str, Any]) -> Any:
+        """Stage (copy) the state in the background: training blocks only if it needs to update
+        the parameters before the copy is done (see :meth:`before_update` and staging.py)."""
+        kind = "sharded" if has_dtensor(state) else "local"
+        if kind not in self._stagers:
+            if kind == "local":
+                self._stagers[kind] = BackgroundStager()
+            else:
+                from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-            cuda = torch.cuda.is_available()
-            self._stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
-                                                        use_async_staging=True, use_non_blocking_copy=cuda))
-        return self._stager
+                cuda = torch.cuda.is_available()
+                self._stagers[kind] = DefaultStager(StagingOptions(
+                    use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True,
+                    use_non_blocking_copy=cuda))
+        return self._stagers[kind]
 
     def save(self, step: int, state: dict[str, Any], meta: dict[str, Any], *, coordinator: bool = True,
              group: dist.ProcessGroup | None = None, sharded: bool = False) -> float:
@@ -137,7 +143,7 @@ class Checkpointer:
         kwargs: dict[str, Any] = ({"process_group": group} if sharded else {"no_dist": True})
         writer = self._writer(step)
         if self.async_save:
-            response = dcp.async_save(state, storage_writer=writer, async_stager=self._async_stager(), **kwargs)
+            response = dcp.async_save(state, storage_writer=writer, async_stager=self._async_stager(state), **kwargs)
             self._staging = getattr(response, "staging_completion", None)
             fut = getattr(response, "upload_completion", response)
         else:

@@ -1,0 +1,61 @@
+"""Background staging for async checkpoints: copy the state while the next step computes.
+
+DCP's ``async_save`` writes from a *staged* copy of the state, so training may
+change the live tensors while the write goes on. This stager makes that copy
+in its own thread, into CPU buffers it keeps between saves (no allocation
+after the first save), and returns at once: the trainer waits for the copy
+only right before its next optimizer update (``Checkpointer.before_update``).
+Large tensor copies release the GIL, so the copy overlaps forward and
+backward. It implements torch's ``AsyncStager`` protocol; sharded (DTensor)
+states use torch's ``DefaultStager`` instead, since copying a DTensor may
+need collectives that must not run on a background thread.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+
+class BackgroundStager:
+    _synchronize_after_execute = False  # async_save must not wait for staging before returning
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cohort-staging")
+
+    def stage(self, state_dict: dict[str, Any], **kwargs: Any) -> Future[dict[str, Any]]:
+        return self._pool.submit(self._copy, state_dict, ())
+
+    def _copy(self, obj: Any, path: tuple[Any, ...]) -> Any:
+        if isinstance(obj, torch.Tensor):
+            buf = self._buffers.get(path)
+            if buf is None or buf.shape != obj.shape or buf.dtype != obj.dtype:
+                buf = self._buffers[path] = torch.empty_like(obj, device="cpu")
+            buf.copy_(obj)
+            return buf
+        if isinstance(obj, dict):
+            return {k: self._copy(v, (*path, k)) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self._copy(v, (*path, i)) for i, v in enumerate(obj))
+        return obj
+
+    def synchronize_staging(self) -> None:
+        pass  # staging_completion (a Future) is what callers wait on
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def has_dtensor(obj: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(obj, DTensor):
+        return True
+    if isinstance(obj, dict):
+        return any(has_dtensor(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(has_dtensor(v) for v in obj)
+    return False
