@@ -3,7 +3,8 @@
 Every ``progress`` interval, for each training job:
 
 - rank 0's ``GET /progress`` becomes ``status.progress`` and ``status.lastCheckpoint``;
-- every member's ``GET /metrics`` feeds the straggler window, and the pure
+- once rank 0 has answered (a job is training), every member's ``GET /metrics``
+  feeds the straggler window, and the pure
   :func:`.stragglers.detect_straggler` may hand a verdict to the reconciler.
 
 A worker that does not answer (not started yet, or a simulated kwok pod with
@@ -90,9 +91,10 @@ class Prober:
         rank0 = members[0]
         spec = (mem.body or {}).get("spec") or {}
         stragglers = spec.get("stragglers") or {}
-        texts = await asyncio.gather(
-            self._get(mem, rank0.pod, rank0.ip, "/progress"),
-            *(self._get(mem, m.pod, m.ip, "/metrics") for m in members))
+        progress_text = await self._get(mem, rank0.pod, rank0.ip, "/progress")
+        if progress_text is None and mem.progress is None:
+            return  # rank 0 has never answered: nothing trains yet (or a kwok pod, with no process at all)
+        texts = [progress_text, *await asyncio.gather(*(self._get(mem, m.pod, m.ip, "/metrics") for m in members))]
         changed = False
         progress = _parse_json(texts[0])
         if progress is not None and progress != mem.progress:
