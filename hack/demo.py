@@ -8,6 +8,7 @@ status, Events and the workers' logs: accuracy, recovery times, replacements.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -69,10 +70,8 @@ def worker_logs(ns: str, job: str) -> list[dict]:
     for path in sorted((CLUSTER_DIR / "logs/pods").glob(f"{ns}_{job}-worker-*_trainer.log")):
         for raw in path.read_text(errors="replace").splitlines():
             if raw.startswith("{"):
-                try:
+                with contextlib.suppress(ValueError):
                     out.append(json.loads(raw))
-                except ValueError:
-                    pass
     return out
 
 

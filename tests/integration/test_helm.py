@@ -229,8 +229,8 @@ def _digits_job(instance: str) -> dict:
 def test_operator_runs_under_the_chart_service_account_and_reconciles_a_job(cluster, release):
     ns, values = release["namespace"], release["values"]
     pod = helm.ready_operator_pod(cluster, ns, RELEASE)
-    # The pod runs as the chart's ServiceAccount, with its token mounted (and no other credentials:
-    # tests/support/incluster.py never falls back to a kubeconfig).
+    # The pod runs as the chart's ServiceAccount, with its token mounted (process nodes strip
+    # KUBECONFIG from pods, and in a pod the operator loads only its service-account token).
     assert pod.spec.service_account_name == "cohort"
     assert any(v.projected and any(s.service_account_token for s in v.projected.sources or [])
                for v in pod.spec.volumes or [])

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,6 @@ from tests.support.kube import Cluster, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "cohort"
-INCLUSTER = Path(__file__).resolve().parent / "incluster.py"
 MONITORING_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
 MONITORING_API_VERSIONS = tuple(f"monitoring.coreos.com/v1/{k}" for k in MONITORING_KINDS)
 
@@ -97,14 +95,13 @@ def find(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> list
 def process_node_values(namespace: str, *, metrics_port: int, health_port: int) -> dict[str, Any]:
     """Values that run the chart's operator on a process node, for this namespace and instance only.
 
-    The operator's command goes through tests/support/incluster.py (process
-    nodes write the service-account token elsewhere than a real kubelet);
-    ports are free ones (process-node pods share the host's network).
+    The chart's own command runs there (process nodes resolve ``cohort-operator``
+    on the host PATH, and the operator finds its service-account token through
+    COHORT_PATH_MAP); ports are free ones (process-node pods share the host's network).
     """
     return {
         "crds": {"enabled": False},  # the test session owns the shared CRD
         "operator": {
-            "command": [sys.executable, str(INCLUSTER)],
             "nodeSelector": {"type": "process"},
             "watchNamespaces": [namespace],
             "instance": namespace,

@@ -24,6 +24,7 @@ import kopf
 
 from .api.models import GROUP, PLURAL, VERSION
 from .jobstate import fingerprint
+from .kubeapi import load_configuration
 from .naming import LABEL_JOB, LABEL_OPERATOR
 from .observe import trim_pod
 from .reconciler import Reconciler
@@ -82,8 +83,15 @@ def build_registry(rec: Reconciler) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> Any:
-        return kopf.login_via_client(**kwargs)
+    def login(**_kwargs: Any) -> kopf.ConnectionInfo:
+        # The same credentials as our own client (kubeapi.load_configuration): the pod's
+        # service-account token wherever the runtime put it, else the kubeconfig.
+        cfg = load_configuration()
+        header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization") or ""
+        scheme, _sep, token = header.partition(" ")
+        return kopf.ConnectionInfo(server=cfg.host, ca_path=cfg.ssl_ca_cert or None,
+                                   insecure=not cfg.verify_ssl, scheme=scheme or None, token=token or None,
+                                   certificate_path=cfg.cert_file or None, private_key_path=cfg.key_file or None)
 
     # The pods of each job, kept by kopf from the pod watch. kopf runs no other
     # handler before every index has its initial listing, so a (re)started

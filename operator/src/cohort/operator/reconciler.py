@@ -268,7 +268,15 @@ class Reconciler:
 
     async def _ensure_owned(self, mem: JobMemory, job: dict[str, Any], objects: list[dict[str, Any]], *,
                             world: bool = False) -> None:
-        """Create what is missing (and update the config when the spec changed); say so if it was repaired."""
+        """Create what is missing (and update the config when the spec changed); say so if it was repaired.
+
+        RoleBindings go last: without the ``bind`` verb (the chart's least-privilege account) the
+        API server refuses a binding whose Role does not exist yet.
+        """
+        bindings = [o for o in objects if o["kind"] == "RoleBinding"]
+        if bindings and len(bindings) < len(objects):
+            await self._ensure_owned(mem, job, [o for o in objects if o["kind"] != "RoleBinding"], world=world)
+            objects, world = bindings, False
         todo = []
         for obj in objects:
             ident = (obj["kind"], obj["metadata"]["name"])

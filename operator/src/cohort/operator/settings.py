@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-DEFAULT_IMAGE = "ghcr.io/cohort-dev/cohort-trainer:0.1.0"
+DEFAULT_IMAGE = "cohort-trainer:0.1.0"  # built from images/; charts set the registry
 
 
 @dataclasses.dataclass(frozen=True)
