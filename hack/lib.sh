@@ -29,7 +29,8 @@ pid_alive() {  # pidfile -> 0 if the process it names is alive and is the one we
 
 start_recorded() {  # pidfile logfile cmd... : start in its own session, record pid and command line
   local pidfile=$1 logfile=$2; shift 2
-  setsid "$@" >>"$logfile" 2>&1 < /dev/null &
+  # Fds 8 and 9 are the scripts' flock locks: the daemon must not keep holding them.
+  setsid "$@" >>"$logfile" 2>&1 < /dev/null 8>&- 9>&- &
   echo "$!" > "$pidfile"
   printf '%s ' "$@" > "$pidfile.cmd"
 }

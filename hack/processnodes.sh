@@ -21,15 +21,6 @@ STATE="$CLUSTER_DIR/processnodes"
 KUBECONFIG_PATH="$CLUSTER_DIR/kubeconfig"
 HEARTBEAT_MAX_AGE_S=35
 
-pid_alive() {  # pidfile -> 0 if the process it names is alive and is the one we started (as cluster.sh)
-  local f=$1 pid exe
-  [[ -f $f ]] || return 1
-  pid=$(cat "$f")
-  [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || return 1
-  exe=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null || true)
-  [[ $exe == "$(cat "$f.cmd" 2>/dev/null)"* ]]
-}
-
 running_nodes() {  # the node count of the running daemon
   python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["nodes"]))' "$STATE/daemon.json" 2>/dev/null
 }
@@ -40,17 +31,7 @@ healthy() {
   (( age < HEARTBEAT_MAX_AGE_S ))
 }
 
-stop_daemon() {  # TERM, wait up to 15 s (it stops its pods first), then KILL
-  local pid i
-  if pid_alive "$PIDFILE"; then
-    pid=$(cat "$PIDFILE")
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < 75; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
-    log "stopped process nodes (pid $pid)"
-  fi
-  rm -f "$PIDFILE" "$PIDFILE.cmd"
-}
+stop_daemon() { stop_pidfile "$PIDFILE" 15; }  # it stops its pods first, so a longer grace
 
 up() {
   local nodes=""
@@ -80,10 +61,9 @@ up() {
   # Run from hack/ so `-m processnode` finds the package without touching PYTHONPATH
   # (which the pods would inherit).
   cd "$HACK_DIR"
-  setsid "${cmd[@]}" >>"$LOGS/processnodes.log" 2>&1 < /dev/null 9>&- &  # 9: the script's lock
-  local pid=$! i
-  echo "$pid" > "$PIDFILE"
-  printf '%s ' "${cmd[@]}" > "$PIDFILE.cmd"
+  start_recorded "$PIDFILE" "$LOGS/processnodes.log" "${cmd[@]}"
+  local pid i
+  pid=$(cat "$PIDFILE")
   # Plain kill -0 here: until the child has exec'd, its cmdline is still bash's.
   for ((i = 0; i < 150; i++)); do
     [[ -f $STATE/daemon.json ]] && { log "process nodes up: $(running_nodes) nodes (pid $pid)"; return 0; }
