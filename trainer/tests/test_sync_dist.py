@@ -60,12 +60,14 @@ def _hooks(rank: int, world: int) -> dict:
         model = MLP(INFO)
         reference = MLP(INFO)
         reference.load_state_dict(model.state_dict())
-        ddp = AllreduceSync(ctx).wrap(model)
+        sync = AllreduceSync(ctx)
+        ddp = sync.wrap(model)
         steps = 3 if method == "powersgd" else 1  # PowerSGD's first two iterations are plain allreduce
         for step in range(steps):
             ddp.zero_grad()
             x, y = batch(rank, step)
             F.cross_entropy(ddp(x), y).backward()
+            sync.after_step(ddp, step)  # as the trainer does (dense DDP counts its bytes here)
         reference.zero_grad()
         F.cross_entropy(reference(x), y).backward()
         local = flat_grad(reference)  # this rank's own gradient, never communicated

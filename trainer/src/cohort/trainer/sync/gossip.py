@@ -25,7 +25,9 @@ afresh (one dense exchange), at any world size; at size 1 it does nothing.
 from __future__ import annotations
 
 import copy
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,9 +39,12 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from ..compression.base import derive_seed
 from ..compression.cast import FP32
 from ..compression.registry import build_compressor
+from ..log import get_logger
 from . import topology
 from .base import Sync, SyncContext, ring_allreduce_bytes
 from .gossip_exchange import Link, PeerExchange
+
+log = get_logger(__name__)
 
 
 def consensus_step(compression: Any) -> float:
@@ -69,7 +74,7 @@ class GossipConfig:
     straggler_margin_s: float = 0.002
     """Slack on top of the ratio: millisecond steps on shared cores jitter by more than 2x."""
     patience: float = 20.0
-    """Most a round waits for one message, in units of this rank's mean compute time per step."""
+    """Most a round waits for one message, in units of this rank's typical compute time per step."""
     min_patience_s: float = 1.0
     """...and at least this long: on shared cores a healthy peer can be descheduled for a while."""
     first_round_patience_s: float = 30.0
@@ -89,7 +94,8 @@ class GossipSync(Sync):
         self.exchange: PeerExchange | None = None
         self.rounds = 0
         self._left_at: float | None = None      # when after_step last returned
-        self._compute_s: float | None = None    # mean compute seconds per step (EMA)
+        self._computes: deque[float] = deque(maxlen=9)  # recent compute seconds per step
+        self._compute_s: float | None = None            # their median
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return model  # each rank trains on its own gradients; no DDP
@@ -98,8 +104,9 @@ class GossipSync(Sync):
     def after_step(self, model: nn.Module, step: int) -> None:
         entered = time.perf_counter()
         if self._left_at is not None:  # time outside the Sync: this rank's compute
-            dt = entered - self._left_at
-            self._compute_s = dt if self._compute_s is None else 0.9 * self._compute_s + 0.1 * dt
+            self._computes.append(entered - self._left_at)
+            # The median, not a mean: a rank descheduled once on a shared core is not a straggler.
+            self._compute_s = statistics.median(self._computes)
         if self.ctx.world_size > 1 and step % self.period == 0:
             x = parameters_to_vector(model.parameters()).detach()
             self._round(self._exchange(x.numel()), x, step)
@@ -120,8 +127,10 @@ class GossipSync(Sync):
         for link in ex.links.values():
             if link in now or link.awaiting:
                 ex.post(link)
-        # At most one message per link per round: a rank that is behind must not
-        # answer twice per round, or its neighbours would run ahead at twice its pace.
+        # A rank starts at most one exchange per link per round, and none on a link where it
+        # answered one this round: a rank that is behind would otherwise start a second exchange
+        # each round, and its neighbours, waiting once per round, would run at twice its pace.
+        # Answers are never held back: a peer waiting for one may be what we are waiting for.
         sent: set[int] = set()
         self._take_arrivals(ex, x, step, sent)  # first: what arrived restores credit to send
         for link in now:
@@ -132,11 +141,17 @@ class GossipSync(Sync):
             expected = [lk for lk in now if lk.awaiting and self._keeping_up(lk, step)]
             if not expected or time.perf_counter() >= deadline:
                 break
+            for link in expected:
+                ex.post(link)  # the receive posted at the start may have taken an earlier message
             ex.wait_any(expected, deadline)
             self._take_arrivals(ex, x, step, sent)
         for link in now:
             if link.awaiting and self._keeping_up(link, step):
                 link.waited_for = link.sent  # gave up on this one: do not wait for it again
+                log.warning("gossip: gave up waiting for a neighbour", extra={
+                    "peer": link.peer, "step": step, "patience_s": round(self._patience_s(), 3),
+                    "sent": link.sent, "received": link.received, "peer_step": link.peer_step,
+                    "peer_compute_s": round(link.peer_compute_s, 5), "compute_s": round(self._compute_s or 0.0, 5)})
 
     def _send(self, ex: PeerExchange, link: Link, x: torch.Tensor, step: int, sent: set[int]) -> None:
         sent.add(link.peer)
@@ -148,7 +163,7 @@ class GossipSync(Sync):
             while ex.arrived(link):
                 if ex.receive(link):
                     self._consensus(x, link)
-                if link.sent < link.received and link.peer not in sent:  # answer: completes the exchange
+                if link.sent < link.received:  # answer: completes the exchange the peer started
                     self._send(ex, link, x, step, sent)
                 if link.awaiting:  # otherwise the next round posts it: a receive left open at an
                     ex.post(link)      # evaluation costs a dummy message to cancel

@@ -37,7 +37,7 @@ from ..compression.base import Compressor, derive_seed
 from ..compression.packing import pack_floats, unpack_floats
 from .base import CommStats
 
-HEADER_BYTES = 16  # the sender's step (int64) and its mean compute seconds per step (float64)
+HEADER_BYTES = 16  # the sender's step (int64) and its typical compute seconds per step (float64)
 
 
 class Pending:
@@ -77,7 +77,7 @@ class Link:
     mine: torch.Tensor | None = None
     theirs: torch.Tensor | None = None
     peer_step: int = -1           # step of the peer's latest message
-    peer_compute_s: float = 0.0   # the peer's mean compute time per step, as it last reported
+    peer_compute_s: float = 0.0   # the peer's typical compute time per step, as it last reported
     waited_for: int = -1          # the message we last gave up waiting for
     recv_buf: torch.Tensor | None = None
     recv: Pending | None = None
