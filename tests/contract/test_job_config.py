@@ -52,3 +52,31 @@ def test_api_server_defaulting_matches_and_parses(cluster, namespace):
                 "cohort.dev", "v1alpha1", namespace, "trainingjobs", job, dry_run="All", field_validation="Strict")
             cfg = parse_document(json.loads(render_job_config(stored)))
             assert cfg.raw_spec == from_manifest(job).raw_spec, path.name
+
+
+SYNCS = ("allreduce", "gossip", "localsgd")
+METHODS = ("none", "fp16", "bf16", "powersgd", "topk", "randomk", "qsgd", "terngrad", "signsgd")
+STRATEGIES = ("data", "fsdp", "auto")
+
+
+def _refused(fn) -> str | None:
+    try:
+        fn()
+    except ValueError as e:  # both sides raise a ValueError subclass naming the field
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("sync", SYNCS)
+def test_trainer_refuses_exactly_the_pairs_admission_refuses(sync):
+    """`cohort run --local` has no API server: the trainer must refuse what admission would, naming the field."""
+    base = yaml.safe_load((REPO / "examples/digits.yaml").read_text())
+    for method in METHODS:
+        for strategy in STRATEGIES:
+            spec = {**base["spec"], "sync": {"algorithm": sync}, "compression": {"method": method},
+                    "parallelism": {"strategy": strategy}}
+            operator = _refused(lambda spec=spec: parse(TrainingJobSpec, spec))
+            trainer = _refused(lambda spec=spec: from_manifest({**base, "spec": spec}))
+            assert (operator is None) == (trainer is None), (sync, method, strategy, operator, trainer)
+            if trainer is not None:
+                assert "spec.compression.method" in trainer or "spec.sync.algorithm" in trainer, trainer

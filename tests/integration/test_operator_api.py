@@ -33,6 +33,8 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("rank-zero", {"compression": {"method": "powersgd", "rank": 0}}, "spec.compression.rank"),
     ("gossip-powersgd", {"sync": {"algorithm": "gossip"}, "compression": {"method": "powersgd"}},
      "spec.compression.method"),
+    ("fsdp-topk", {"parallelism": {"strategy": "fsdp"}, "compression": {"method": "topk"}},
+     "spec.compression.method"),
     ("gossip-with-fsdp", {"sync": {"algorithm": "gossip"}, "parallelism": {"strategy": "fsdp"}},
      "spec.sync.algorithm"),
     ("keep-zero", {"checkpoint": {"keep": 0}}, "spec.checkpoint.keep"),

@@ -157,14 +157,34 @@ def parse_document(doc: Any, source: str = "config") -> JobConfig:
                      rendezvous_port=int(runtime.get("rendezvousPort", DEFAULT_RDZV_PORT)))
 
 
+# Compressors each sync algorithm can use (the operator's SUPPORTED_COMPRESSION; a contract test
+# keeps the two equal). Gossip compresses parameter differences, local SGD averages densely.
+SUPPORTED_COMPRESSION: dict[str, tuple[str, ...] | None] = {
+    "allreduce": None,  # every method
+    "gossip": ("none", "fp16", "bf16", "topk", "randomk", "qsgd", "terngrad", "signsgd"),
+    "localsgd": ("none", "fp16", "bf16"),
+}
+
+
 def _check_rules(spec: dict[str, Any]) -> None:
-    """The CRD's cross-field rules that matter to the trainer (the API server checks them all)."""
+    """The CRD's cross-field rules that matter to the trainer (the API server checks them all;
+    `cohort run --local` has no API server, so the trainer must refuse what it would)."""
     r = spec["replicas"]
     if not r["min"] <= r["target"] <= r["max"]:
         raise ConfigError("spec.replicas: need min <= target <= max")
     w = spec["workload"]
     if w["epochs"] <= 0 and w["maxSteps"] <= 0:
         raise ConfigError("spec.workload.epochs: one of epochs or maxSteps must be > 0")
+    sync, method, strategy = spec["sync"]["algorithm"], spec["compression"]["method"], spec["parallelism"]["strategy"]
+    allowed = SUPPORTED_COMPRESSION[sync]
+    if allowed is not None and method not in allowed:
+        raise ConfigError(f"spec.compression.method: {method} is not supported with spec.sync.algorithm {sync} "
+                          f"(supported: {', '.join(allowed)})")
+    if method != "none" and strategy not in ("data", "auto"):
+        raise ConfigError(f"spec.compression.method: {method} needs spec.parallelism.strategy data or auto, "
+                          f"got {strategy}")
+    if sync != "allreduce" and strategy != "data":
+        raise ConfigError(f"spec.sync.algorithm: {sync} needs spec.parallelism.strategy data, got {strategy}")
 
 
 def load_config(path: str | os.PathLike[str]) -> JobConfig:

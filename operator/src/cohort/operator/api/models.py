@@ -229,6 +229,11 @@ class TrainingJobSpec:
                      "(gossip: not powersgd; localsgd: none, fp16 or bf16)",
              check=lambda s: s.compression.method in SUPPORTED_COMPRESSION[s.sync.algorithm],
              field_path=".compression.method"),
+        Rule(cel="self.compression.method == 'none' || self.parallelism.strategy in ['data', 'auto']",
+             message="spec.compression.method other than none needs spec.parallelism.strategy data or auto "
+                     "(compression hooks act on whole-replica gradients)",
+             check=lambda s: s.compression.method == "none" or s.parallelism.strategy in ("data", "auto"),
+             field_path=".compression.method"),
         Rule(cel="self.sync.algorithm == 'allreduce' || self.parallelism.strategy == 'data'",
              message="spec.sync.algorithm gossip/localsgd needs spec.parallelism.strategy data",
              check=lambda s: s.sync.algorithm == "allreduce" or s.parallelism.strategy == "data",
