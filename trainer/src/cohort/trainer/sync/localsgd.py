@@ -18,6 +18,7 @@ rounding touches the small update, not the weights.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,7 +91,12 @@ class LocalSGDSync(Sync):
         subgroup, _ = dist.new_subgroups(group_size=1, group=self.ctx.group)
         self.hook_state = plsgd.PostLocalSGDState(process_group=self.ctx.group, subgroup=subgroup,
                                                   start_localSGD_iter=self.config.warmup_steps)
-        ddp = DDP(model, process_group=self.ctx.group, broadcast_buffers=False)
+        with warnings.catch_warnings():
+            # Buffers stay local between averaging rounds (a per-forward broadcast is a global
+            # collective every step). torch 2.13 deprecates the argument but says to keep using it
+            # for exactly this until its replacement exists.
+            warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
+            ddp = DDP(model, process_group=self.ctx.group, broadcast_buffers=False)
         ddp.register_comm_hook(self.hook_state, timed_hook(self._hook(), self.ctx.stats))
         self.averager = CastPeriodicAverager(max(1, int(self.ctx.spec.sync.period)), self.config.warmup_steps,
                                              self.ctx.group, self.ctx, self.dtype)
