@@ -29,7 +29,7 @@ k8s_staging_modules() {
 build_kubernetes() {
   local out="$BIN_CACHE/kubernetes-$K8S_VERSION"
   [[ -x "$out/kube-apiserver" && -x "$out/kubectl" && -x "$out/kube-scheduler" && -x "$out/kube-controller-manager" ]] && return 0
-  log "building kubernetes $K8S_VERSION (cold: 15-40 min on 2 cores; cached afterwards)"
+  log "building kubernetes $K8S_VERSION (cold: 6-19 min on 2 cores; cached afterwards)"
   local mod="$SRC_CACHE/kubernetes-$K8S_VERSION" staging_ver="v0${K8S_VERSION#v1}"
   mkdir -p "$mod"
   {

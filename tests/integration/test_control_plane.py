@@ -32,6 +32,8 @@ def test_pod_is_scheduled_to_a_kwok_node_and_runs(cluster, namespace):
         "spec": {
             "containers": [{"name": "c", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
             "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
+            # Process nodes (untainted, started by the e2e tests) may be up in the same session.
+            "nodeSelector": {"type": "kwok"},
         },
     }
     cluster.core.create_namespaced_pod(namespace, pod)
