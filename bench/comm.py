@@ -1,0 +1,436 @@
+"""Communication: what each sync x compression pair sends, and what it costs in time (a benchmark).
+
+    python bench/comm.py [--nets loopback,1gbit,100mbit] [--pairs allreduce:topk,gossip:none,...]
+                         [--worlds 2,4,8] [--skip-bytes] [--skip-train] [--skip-straggler]
+
+1. Bytes (the same Cohort code on a gloo group, P ranks, the digits MLP of
+   examples/digits.yaml): per rank and step, the wire bytes Cohort counts for
+   the collective it uses (ring allreduce 2(P-1)/P n, allgather (P-1) k, gossip
+   one message per neighbour), and the payload ratio (dense fp32 bytes /
+   payload bytes). Steady state: the first steps (PowerSGD's dense warm-up,
+   gossip's dense first exchange, local SGD's warm-up) are left out.
+2. Training (4 workers, examples/digits.yaml, 30 epochs): time per step and
+   time to 95% test accuracy, on loopback, and with every worker in its own
+   network namespace behind a veth pair rate-limited by tc (tbf) to 1 Gbit/s
+   and 100 Mbit/s each way. Set up and torn down here; needs root. If the
+   kernel refuses, the exact error is printed instead of numbers. The kernel's
+   own count of bytes each worker sent (veth tx_bytes) is shown beside it.
+   Then the same for a communication-bound variant (MLP hidden 2048, 153,610
+   parameters, 10 epochs), where the network, not compute, sets the pace.
+3. A straggler (COHORT_FAULT_SLOW: rank 3 computes 3x slower from step 0),
+   loopback: aggregate throughput (sum over ranks of samples/s, each rank's
+   step time) kept against the same run unslowed, for gossip and allreduce.
+
+Ratios are against dense allreduce (compression none) from the same invocation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+ALL_PAIRS = [("allreduce", m) for m in ("none", "fp16", "bf16", "powersgd", "topk", "randomk", "qsgd", "terngrad",
+                                        "signsgd")] + \
+            [("gossip", m) for m in ("none", "fp16", "bf16", "topk", "randomk", "qsgd", "terngrad", "signsgd")] + \
+            [("localsgd", m) for m in ("none", "fp16", "bf16")]
+# The manifest settings trainer/tests/test_convergence.py uses (docs/algorithms.md).
+TUNED = {("allreduce", "randomk"): {"compression": {"ratio": 0.1}},
+         ("localsgd", "none"): {"sync": {"period": 4}}, ("localsgd", "fp16"): {"sync": {"period": 4}},
+         ("localsgd", "bf16"): {"sync": {"period": 4}}}
+RATES = {"1gbit": "1gbit", "100mbit": "100mbit"}
+WORKERS = 4
+
+
+def manifest(sync: str, method: str, hidden: int | None = None, **workload: Any) -> dict[str, Any]:
+    """examples/digits.yaml with this pair (and its TUNED settings); ``hidden`` widens the MLP."""
+    m = yaml.safe_load((REPO / "examples/digits.yaml").read_text())
+    tuned = TUNED.get((sync, method), {})
+    m["metadata"] = {"name": f"bench-{sync}-{method}"}
+    m["spec"]["sync"] = {"algorithm": sync, **tuned.get("sync", {})}
+    m["spec"]["compression"] = {"method": method, **tuned.get("compression", {})}
+    m["spec"]["checkpoint"] = {"everySteps": 0}
+    m["spec"]["workload"].update(workload)
+    if hidden:
+        m["spec"]["workload"]["modelArgs"] = {"hidden": hidden}
+    return m
+
+
+# --- 1. bytes per step, measured by Cohort's own accounting --------------------------
+
+def _bytes_worker(rank: int, world: int, port: int, pairs: list[tuple[str, str]], out: str) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from cohort.trainer.config import from_manifest
+    from cohort.trainer.sync.base import CommStats, SyncContext
+    from cohort.trainer.sync.localsgd import LocalSGDConfig, LocalSGDSync
+    from cohort.trainer.sync.registry import SYNCS
+    from cohort.trainer.workloads.models import MLP, DataInfo
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    rows = {}
+    warm, measured = 6, 8
+    for sync_name, method in pairs:
+        spec = from_manifest(manifest(sync_name, method)).spec
+        ctx = SyncContext(rank, world, spec, CommStats())
+        sync = LocalSGDSync(ctx, LocalSGDConfig(warmup_steps=2)) if sync_name == "localsgd" else \
+            SYNCS[sync_name](ctx)
+        torch.manual_seed(0)
+        model = MLP(DataInfo((1, 8, 8), num_classes=10))
+        module = sync.wrap(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        g = torch.Generator().manual_seed(rank)
+        snap = None
+        for step in range(warm + measured):
+            if step == warm:
+                snap = (ctx.stats.bytes_sent, ctx.stats.payload_bytes, ctx.stats.dense_bytes)
+            opt.zero_grad()
+            F.cross_entropy(module(torch.rand(32, 1, 8, 8, generator=g)), torch.randint(0, 10, (32,), generator=g)
+                            ).backward()
+            opt.step()
+            sync.after_step(module, step + 1)
+        if hasattr(sync, "settle"):
+            sync.settle(model)
+        assert snap is not None
+        wire, payload, dense = (b - a for a, b in zip(snap, (ctx.stats.bytes_sent, ctx.stats.payload_bytes,
+                                                            ctx.stats.dense_bytes), strict=True))
+        rows[f"{sync_name}:{method}"] = {"wire": wire / measured, "payload": payload / measured,
+                                         "dense": dense / measured}
+    dist.destroy_process_group()
+    if rank == 0:
+        Path(out).write_text(json.dumps(rows))
+
+
+def measure_bytes(world: int, pairs: list[tuple[str, str]]) -> dict[str, dict[str, float]]:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as d:
+        out = str(Path(d) / "bytes.json")
+        mp.start_processes(_bytes_worker, args=(world, port, pairs, out), nprocs=world, start_method="spawn")
+        return json.loads(Path(out).read_text())
+
+
+# --- 2. training runs, on loopback or behind rate-limited links ------------------------
+
+class Network:
+    """One network namespace per worker, each behind a veth pair to a bridge in a hub namespace.
+
+    With ``rate`` set, tc's token bucket (tbf) limits both directions of every
+    worker's link. ``error`` holds the kernel's exact refusal, if any.
+    """
+
+    PREFIX = "cohortb"
+
+    def __init__(self, workers: int, rate: str | None):
+        self.workers, self.rate = workers, rate
+        self.error: str | None = None
+        self.hub = f"{self.PREFIX}-hub"
+        self.spaces = [f"{self.PREFIX}-w{i}" for i in range(workers)]
+        self.ips = [f"10.213.0.{i + 1}" for i in range(workers)]
+
+    def _run(self, *cmd: str) -> None:
+        p = subprocess.run(list(cmd), capture_output=True, text=True)
+        if p.returncode != 0:
+            raise RuntimeError(f"`{' '.join(cmd)}` failed ({p.returncode}): {p.stderr.strip()}")
+
+    def __enter__(self) -> Network:
+        self.teardown()  # leftovers of an interrupted run
+        try:
+            self._run("ip", "netns", "add", self.hub)
+            self._run("ip", "-n", self.hub, "link", "add", "br0", "type", "bridge")
+            self._run("ip", "-n", self.hub, "link", "set", "br0", "up")
+            for i, (ns, ip) in enumerate(zip(self.spaces, self.ips, strict=True)):
+                host, inner = f"{self.PREFIX}h{i}", f"{self.PREFIX}n{i}"
+                self._run("ip", "netns", "add", ns)
+                self._run("ip", "link", "add", host, "type", "veth", "peer", "name", inner)
+                self._run("ip", "link", "set", host, "netns", self.hub)
+                self._run("ip", "link", "set", inner, "netns", ns)
+                self._run("ip", "-n", self.hub, "link", "set", host, "master", "br0", "up")
+                self._run("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", inner)
+                self._run("ip", "-n", ns, "link", "set", inner, "up")
+                self._run("ip", "-n", ns, "link", "set", "lo", "up")
+                if self.rate:
+                    # A small bucket (about 1 ms at the rate, at least 10 packets) so that
+                    # a step's messages cannot slip through as one burst at memory speed.
+                    burst = max(15_000, _bits(self.rate) // 8 // 1000)
+                    for space, dev in ((ns, inner), (self.hub, host)):
+                        self._run("ip", "netns", "exec", space, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+                                  "rate", self.rate, "burst", str(burst), "latency", "100ms")
+        except (RuntimeError, OSError) as e:
+            self.error = str(e)
+        return self
+
+    def tx_bytes(self, i: int) -> int:
+        p = subprocess.run(["ip", "netns", "exec", self.spaces[i], "cat",
+                            f"/sys/class/net/{self.PREFIX}n{i}/statistics/tx_bytes"], capture_output=True, text=True)
+        return int(p.stdout.strip() or 0)
+
+    def teardown(self) -> None:
+        for ns in [*self.spaces, self.hub]:  # deleting a namespace deletes its veth ends
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+    def __exit__(self, *exc: Any) -> None:
+        self.teardown()
+
+
+def _bits(rate: str) -> int:
+    units = {"kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
+    for suffix, mult in units.items():
+        if rate.endswith(suffix):
+            return int(float(rate[: -len(suffix)]) * mult)
+    return int(rate)
+
+
+@dataclass
+class Run:
+    accuracy: float | None = None
+    step_ms: float | None = None
+    t95_s: float | None = None
+    steps: int = 0
+    sps: list[float] = field(default_factory=list)  # each rank's samples/s (trainer's EMA)
+    wall_s: float = 0.0
+    tx_bytes: list[int] = field(default_factory=list)
+    error: str = ""
+
+
+def _ts(value: str) -> float:
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+
+
+def train(m: dict[str, Any], net: Network | None, env: dict[str, str] | None = None, timeout_s: float = 600) -> Run:
+    """Start the workers by hand (what the local launcher does), each in its namespace when ``net`` is given."""
+    from cohort.trainer.config import from_manifest
+
+    cfg = from_manifest(m)
+    run_dir = Path(tempfile.mkdtemp(prefix="cohort-bench-"))
+    ips = net.ips if net else [f"127.77.{os.getpid() % 250}.{10 + i}" for i in range(WORKERS)]
+    (run_dir / "job.json").write_text(json.dumps(cfg.to_document()))
+    world = {"version": 1, "members": [{"rank": r, "pod": f"w{r}", "ip": ip} for r, ip in enumerate(ips)],
+             "master": {"addr": ips[0], "port": cfg.rendezvous_port}, "spares": [], "reason": "bench"}
+    (run_dir / "world.json").write_text(json.dumps(world))
+    tx0 = [net.tx_bytes(i) for i in range(WORKERS)] if net else []
+    procs = []
+    t0 = time.monotonic()
+    for r, ip in enumerate(ips):
+        wenv = {**os.environ, "COHORT_WORLD": f"file:{run_dir / 'world.json'}", "COHORT_POD_NAME": f"w{r}",
+                "COHORT_POD_IP": ip, "COHORT_JOB_NAME": cfg.name, "COHORT_NAMESPACE": "default",
+                "COHORT_CONFIG": str(run_dir / "job.json"), "COHORT_TERMINATION_LOG": str(run_dir / f"w{r}.term"),
+                "COHORT_PATH_MAP": json.dumps({cfg.spec.checkpoint.path: str(run_dir / "ckpt")}),
+                "OMP_NUM_THREADS": "1", **(env or {})}
+        cmd = [sys.executable, "-m", "cohort.trainer.cli", "train", "--config", str(run_dir / "job.json")]
+        if net:
+            cmd = ["ip", "netns", "exec", net.spaces[r], *cmd]
+            # gloo binds to the address the hostname resolves to (loopback here) unless told the interface.
+            wenv["GLOO_SOCKET_IFNAME"] = f"{Network.PREFIX}n{r}"
+        with open(run_dir / f"w{r}.log", "w") as log:
+            procs.append(subprocess.Popen(cmd, env=wenv, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+    run = Run()
+    try:
+        for p in procs:
+            p.wait(timeout=max(1.0, timeout_s - (time.monotonic() - t0)))
+    except subprocess.TimeoutExpired:
+        run.error = f"timed out after {timeout_s:.0f}s"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)  # the worker's own session: only what this run started
+                p.wait()
+    run.wall_s = time.monotonic() - t0
+    if net:
+        run.tx_bytes = [net.tx_bytes(i) - tx0[i] for i in range(WORKERS)]
+    if any(p.returncode != 0 for p in procs) and not run.error:
+        bad = next(r for r, p in enumerate(procs) if p.returncode != 0)
+        run.error = f"worker {bad} exited {procs[bad].returncode}: " + \
+            " | ".join((run_dir / f"w{bad}.log").read_text().splitlines()[-3:])[-400:]
+    _parse(run_dir, run)
+    if not run.error:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    else:
+        run.error += f" (logs: {run_dir})"
+    return run
+
+
+def _parse(run_dir: Path, run: Run) -> None:
+    joined, evals, last = None, [], None
+    for line in (run_dir / "w0.log").read_text().splitlines() if (run_dir / "w0.log").exists() else []:
+        if not line.startswith("{"):
+            continue
+        rec = json.loads(line)
+        if rec.get("msg") == "joined world" and joined is None:
+            joined = _ts(rec["ts"])
+        elif rec.get("msg") == "evaluated":
+            evals.append((_ts(rec["ts"]), rec.get("accuracy"), rec.get("step")))
+    for r in range(WORKERS):
+        term = run_dir / f"w{r}.term"
+        if term.exists():
+            summary = json.loads(term.read_text())
+            run.sps.append(summary.get("samplesPerSecond") or 0.0)
+            if r == 0:
+                run.accuracy, run.steps = summary.get("accuracy"), summary.get("step", 0)
+    if joined is not None and evals:
+        last = evals[-1]
+        run.step_ms = 1000 * (last[0] - joined) / max(1, last[2] or 1)
+        hit = next((t for t, acc, _ in evals if acc is not None and acc >= 0.95), None)
+        run.t95_s = None if hit is None else hit - joined
+
+
+# --- tables ------------------------------------------------------------------------------
+
+def fmt(v: float | None, spec: str = ".2f", none: str = "-") -> str:
+    return none if v is None else format(v, spec)
+
+
+def bytes_table(pairs: list[tuple[str, str]], worlds: list[int]) -> None:
+    measured = {w: measure_bytes(w, pairs) for w in worlds}
+    dense = {w: measured[w]["allreduce:none"]["wire"] for w in worlds}
+    print("\n### Bytes per rank per step (digits MLP, 9610 parameters = 38440 dense fp32 bytes)\n")
+    head = "| pair | payload B per vector | payload ratio | " + " | ".join(
+        f"wire B P={w} | wire vs dense P={w}" for w in worlds) + " |"
+    print(head)
+    print("|" + "---|" * (3 + 2 * len(worlds)))
+    for sync, method in pairs:
+        row = measured[worlds[0]][f"{sync}:{method}"]
+        ratio = row["dense"] / row["payload"] if row["payload"] else None
+        per_vector = 4 * 9610 / ratio if ratio else 0.0  # a gossip step sends one vector per neighbour
+        cells = []
+        for w in worlds:
+            wire = measured[w][f"{sync}:{method}"]["wire"]
+            cells += [f"{wire:,.0f}", fmt(dense[w] / wire if wire else None, ".1f") + "x"]
+        print(f"| {sync} {method} | {per_vector:,.0f} | {fmt(ratio, '.1f')}x | " + " | ".join(cells) + " |")
+    topk, sign = measured[worlds[0]]["allreduce:topk"], measured[worlds[0]]["allreduce:signsgd"]
+    print(f"\nTargets: topk(1%) payload ratio {topk['dense'] / topk['payload']:.1f}x (>= 40x: "
+          f"{'met' if topk['dense'] / topk['payload'] >= 40 else 'MISSED'}); signsgd "
+          f"{sign['dense'] / sign['payload']:.1f}x (>= 30x: {'met' if sign['dense'] / sign['payload'] >= 30 else 'MISSED'}).")
+
+
+def train_tables(pairs: list[tuple[str, str]], nets: list[str], hidden: int | None = None,
+                 epochs: int | None = None) -> None:
+    results: dict[str, dict[tuple[str, str], Run]] = {}
+    errors: dict[str, str] = {}
+    for name in nets:
+        print(f"  [{time.strftime('%H:%M:%S')}] network {name}", file=sys.stderr, flush=True)
+        if name != "loopback" and name not in RATES:
+            raise SystemExit(f"--nets: unknown network {name!r}; known: loopback, {', '.join(RATES)}")
+        net_ctx = Network(WORKERS, RATES[name]) if name != "loopback" else None
+        if net_ctx:
+            net_ctx.__enter__()
+            if net_ctx.error:
+                errors[name] = net_ctx.error
+                net_ctx.teardown()
+                continue
+        try:
+            results[name] = {}
+            for sync, method in pairs:
+                run = train(manifest(sync, method, hidden, **({"epochs": epochs} if epochs else {})), net_ctx)
+                results[name][(sync, method)] = run
+                print(f"    {sync}:{method} acc={run.accuracy} t95={run.t95_s} {run.error}", file=sys.stderr,
+                      flush=True)
+        finally:
+            if net_ctx:
+                net_ctx.teardown()
+    for name in nets:
+        model = f"MLP hidden {hidden}, {epochs} epochs" if hidden else "examples/digits.yaml"
+        print(f"\n### Training, 4 workers, {name}, {model}\n")
+        if name in errors:
+            print(f"Not measured: the kernel refused the network set-up:\n\n    {errors[name]}")
+            continue
+        base = results[name].get(("allreduce", "none"))
+        kernel = name != "loopback"
+        print("| pair | accuracy | ms/step | vs dense | time to 95% (s) | vs dense |" +
+              (" kernel tx B/step (rank 0) |" if kernel else ""))
+        print("|---|---:|---:|---:|---:|---:|" + ("---:|" if kernel else ""))
+        for (sync, method), run in results[name].items():
+            if run.error:
+                print(f"| {sync} {method} | error: {run.error} |")
+                continue
+            rel_step = run.step_ms / base.step_ms if base and base.step_ms and run.step_ms else None
+            rel_t95 = run.t95_s / base.t95_s if base and base.t95_s and run.t95_s else None
+            tx = f" {run.tx_bytes[0] / max(run.steps, 1):,.0f} |" if kernel and run.tx_bytes else ""
+            print(f"| {sync} {method} | {fmt(run.accuracy, '.4f')} | {fmt(run.step_ms, '.1f')} | "
+                  f"{fmt(rel_step)}x | {fmt(run.t95_s, '.2f', 'not reached')} | {fmt(rel_t95)}x |{tx}")
+        if base and base.t95_s:
+            compressed = [(r.t95_s, p) for p, r in results[name].items()
+                          if p[1] != "none" and r.t95_s is not None and not r.error]
+            if compressed:
+                best_t, best = min(compressed)
+                print(f"\nBest compressed: {best[0]} {best[1]}, time to 95% {best_t / base.t95_s:.2f}x dense "
+                      f"allreduce's" + (" (target at 100mbit: <= 0.5x)" if name == "100mbit" else "") + ".")
+
+
+def straggler_table() -> None:
+    # Compute must dominate a step for "3x slower compute" to mean a 3x slower worker: a wider
+    # MLP and a larger batch than examples/digits.yaml (whose steps are mostly fixed overhead).
+    workload = {"epochs": 0, "maxSteps": 150, "batchSize": 256, "evalEveryEpochs": 0}
+    print("\n### One worker 3x slower (COHORT_FAULT_SLOW=rank=3,factor=3,step=0), loopback, "
+          "MLP hidden 1024, batch 256, 150 steps\n")
+    print("| sync | samples/s unslowed | samples/s with straggler | kept | fast ranks' steps/s kept | "
+          "job wall s unslowed | with straggler |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    slow = {"COHORT_FAULT_SLOW": f"rank={WORKERS - 1},factor=3,step=0"}
+    for sync in ("gossip", "allreduce"):
+        m = manifest(sync, "none", 1024, **workload)  # evaluations are sync points: only at the end
+        base, hit = train(m, None), train(m, None, env=slow)
+        if base.error or hit.error:
+            print(f"| {sync} | error: {base.error or hit.error} |")
+            continue
+        # Aggregate throughput: each rank's batch / its mean step time, summed (sps is global: P x batch / step).
+        agg = lambda r: sum(s / WORKERS for s in r.sps)  # noqa: E731 - a one-line definition reads best here
+        fast = lambda r: sum(r.sps[:-1])  # noqa: E731
+        print(f"| {sync} | {agg(base):,.0f} | {agg(hit):,.0f} | {agg(hit) / agg(base):.2f}x | "
+              f"{fast(hit) / fast(base):.2f}x | {base.wall_s:.1f} | {hit.wall_s:.1f} |")
+    print("\nTarget: gossip keeps >= 0.8x of its unslowed throughput.")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nets", default="loopback,1gbit,100mbit")
+    ap.add_argument("--pairs", default="", help="sync:method,... (default: every supported pair)")
+    ap.add_argument("--worlds", default="2,4,8")
+    ap.add_argument("--skip-bytes", action="store_true")
+    ap.add_argument("--skip-train", action="store_true")
+    ap.add_argument("--skip-straggler", action="store_true")
+    ap.add_argument("--wide-nets", default="loopback,100mbit",
+                    help="networks for a second, communication-bound pass (MLP hidden 2048, 10 epochs); '' skips it")
+    args = ap.parse_args()
+    pairs = [tuple(p.split(":")) for p in args.pairs.split(",")] if args.pairs else ALL_PAIRS
+    if ("allreduce", "none") not in pairs:
+        pairs = [("allreduce", "none"), *pairs]  # the baseline every ratio is against
+    print(f"## Communication ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, "
+          f"load average {os.getloadavg()[0]:.1f} at start)")
+    if not args.skip_bytes:
+        bytes_table(pairs, [int(w) for w in args.worlds.split(",")])
+    if not args.skip_train:
+        nets, wide = [n for n in args.nets.split(",") if n], [n for n in args.wide_nets.split(",") if n]
+        if nets:
+            train_tables(pairs, nets)
+        if wide:
+            train_tables(pairs, wide, hidden=2048, epochs=10)
+    if not args.skip_straggler:
+        straggler_table()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
