@@ -31,6 +31,3 @@ class ErrorFeedback:
     def update(self, key: Hashable, compensated: torch.Tensor, sent: torch.Tensor) -> None:
         """Keep what the compressor dropped this step."""
         self.residuals[key] = compensated - sent
-
-    def state_dict(self) -> dict[Hashable, torch.Tensor]:
-        return dict(self.residuals)

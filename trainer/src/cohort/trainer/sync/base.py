@@ -80,7 +80,3 @@ class Sync(ABC):
     def eval_model(self, model: nn.Module) -> nn.Module:
         """The model to evaluate (gossip evaluates the replicas' average)."""
         return model
-
-    def state_dict(self) -> dict[str, Any]:
-        """Per-rank algorithm state worth keeping across world changes (e.g. error feedback)."""
-        return {}
