@@ -7,7 +7,15 @@ import json
 from cohort.operator.api.models import TrainingJobSpec
 from cohort.operator.api.schema import parse
 from cohort.operator.jobconfig import build_job_config, render_job_config
-from cohort.operator.manifests import build_config_map, build_pdb, build_service, build_worker_rbac, build_world_map
+from cohort.operator.manifests import (
+    build_config_map,
+    build_network_policy,
+    build_pdb,
+    build_service,
+    build_worker_rbac,
+    build_world_map,
+    owned_objects,
+)
 from cohort.operator.pods import avoid_nodes, build_worker_pod
 from cohort.operator.world import Member, World
 
@@ -184,6 +192,20 @@ def test_service_pdb_rbac_and_world_map():
     assert data["version"] == 2 and data["master"] == {"addr": "10.0.0.1", "port": 29400}
     assert [m["rank"] for m in data["members"]] == [0, 1]
     assert data["spares"] == [{"pod": "c", "uid": "u3", "ip": "10.0.0.3"}] and data["plan"] is None
+
+
+def test_network_policy_admits_only_the_jobs_own_workers_and_precedes_the_pods():
+    job = make_job()
+    spec = parse(TrainingJobSpec, job["spec"])
+    policy = build_network_policy(job)
+    workers = {"matchLabels": {"cohort.dev/job": "digits", "cohort.dev/role": "worker"}}
+    assert policy["spec"] == {"podSelector": workers, "policyTypes": ["Ingress"],
+                              "ingress": [{"from": [{"podSelector": workers}]}]}
+    assert policy["metadata"]["ownerReferences"][0]["controller"] is True
+    before, after = owned_objects(job, spec, network_policy=True)
+    assert "NetworkPolicy" in [o["kind"] for o in before]  # ensured before any pod is created
+    assert "NetworkPolicy" not in [o["kind"] for o in after]
+    assert all(o["kind"] != "NetworkPolicy" for o in sum(owned_objects(job, spec), []))
 
 
 def test_rbac_binds_a_user_service_account():

@@ -107,6 +107,20 @@ def test_replicas_elect_a_leader_and_watched_namespaces_get_roles():
     assert all(set(rule["verbs"]) <= {"list", "watch"} for rule in cr["rules"])
 
 
+@pytest.mark.parametrize("enabled", [False, True])
+def test_network_policy_switches_the_operator_flag_and_its_rbac_together(enabled):
+    docs = helm.render({"networkPolicy": {"enabled": enabled}})
+    (dep,) = helm.find(docs, "Deployment")
+    assert ("--network-policy" in dep["spec"]["template"]["spec"]["containers"][0]["args"]) is enabled
+    (role,) = helm.find(docs, "ClusterRole", "cohort-system-cohort")
+    granted = {v for r in role["rules"] if "networkpolicies" in r["resources"] for v in r["verbs"]}
+    assert granted == ({"list", "watch", "create"} if enabled else set())
+    policies = helm.find(docs, "NetworkPolicy")
+    assert len(policies) == int(enabled)
+    for policy in policies:  # the namespace policy opens only the metrics port; same-job traffic is the operator's
+        assert [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]] == [9400]
+
+
 def test_monitoring_kinds_render_only_when_served():
     docs = helm.render(api_versions=helm.MONITORING_API_VERSIONS)
     kinds = {d["kind"] for d in docs if d["apiVersion"] == "monitoring.coreos.com/v1"}
@@ -249,6 +263,14 @@ def test_operator_runs_under_the_chart_service_account_and_reconciles_a_job(clus
         ("RoleBinding", cluster.rbac.list_namespaced_role_binding(ns).items)) for o in items
         if (o.metadata.labels or {}).get("cohort.dev/job") == JOB}
     assert owned == {(k, f"{JOB}-worker") for k in ("ServiceAccount", "Role", "RoleBinding")}, owned
+    # The job's own NetworkPolicy: its workers admit only its workers (the chart's adds port 9400).
+    policies = {p.metadata.name: p for p in cluster.networking.list_namespaced_network_policy(ns).items}
+    workers = {"cohort.dev/job": JOB, "cohort.dev/role": "worker"}
+    assert JOB in policies and f"{RELEASE}-workers" in policies, sorted(policies)
+    mine = policies[JOB]
+    assert mine.spec.pod_selector.match_labels == workers
+    assert [[peer.pod_selector.match_labels for peer in rule.var_from] for rule in mine.spec.ingress] == [[workers]]
+    assert mine.metadata.owner_references[0].kind == "TrainingJob"
     # Nothing it did was refused for lack of permission. (A reconcile may still be retried
     # after a transient error: the operator creates a worker's Role and RoleBinding at the
     # same time, and without the `bind` verb, which it does not get, the API server refuses
@@ -272,6 +294,8 @@ OPERATOR_ALLOWED = [
     ("create", "roles", {"group": "rbac.authorization.k8s.io"}),
     ("create", "rolebindings", {"group": "rbac.authorization.k8s.io"}),
     ("create", "events", {}), ("patch", "events", {}),
+    ("create", "networkpolicies", {"group": "networking.k8s.io"}),
+    ("list", "networkpolicies", {"group": "networking.k8s.io"}),
     ("create", "podgroups", {"group": "scheduling.x-k8s.io"}),
     ("list", "customresourcedefinitions", {"group": "apiextensions.k8s.io", "namespace": ""}),
     ("update", "leases", {"group": "coordination.k8s.io", "name": "cohort"}),
@@ -285,6 +309,8 @@ OPERATOR_DENIED = [
     ("create", "trainingjobs", {"group": "cohort.dev"}), ("update", "trainingjobs", {"group": "cohort.dev"}),
     ("patch", "trainingjobs", {"group": "cohort.dev"}),
     ("update", "configmaps", {}), ("delete", "configmaps", {}), ("delete", "services", {}),
+    ("delete", "networkpolicies", {"group": "networking.k8s.io"}),
+    ("patch", "networkpolicies", {"group": "networking.k8s.io"}),
     ("create", "pods", {"subresource": "exec"}), ("update", "pods", {}), ("patch", "pods", {}),
     ("create", "deployments", {"group": "apps"}),
     ("escalate", "roles", {"group": "rbac.authorization.k8s.io"}),

@@ -101,6 +101,7 @@ def process_node_values(namespace: str, *, metrics_port: int, health_port: int) 
     """
     return {
         "crds": {"enabled": False},  # the test session owns the shared CRD
+        "networkPolicy": {"enabled": True},  # the operator then creates one per job (not enforced here: no CNI)
         "operator": {
             "nodeSelector": {"type": "process"},
             "watchNamespaces": [namespace],

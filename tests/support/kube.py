@@ -54,6 +54,7 @@ class Cluster:
         self.ext = client.ApiextensionsV1Api(self.api)
         self.authz = client.AuthorizationV1Api(self.api)
         self.policy = client.PolicyV1Api(self.api)
+        self.networking = client.NetworkingV1Api(self.api)
 
     # --- CRDs ---------------------------------------------------------------
     def ensure_crds(self, directory: Path) -> None:

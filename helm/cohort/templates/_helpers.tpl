@@ -111,7 +111,8 @@ kubeapi/reconciler/events, and kopf's watches) actually calls:
 - configmaps: get, list/watch, create, patch (job config and world);
 - services, serviceaccounts, roles, rolebindings, poddisruptionbudgets:
   list/watch (drift repair), create;
-- events: create, patch (aggregated counts).
+- events: create, patch (aggregated counts);
+- networkpolicies: list/watch (drift repair), create: one per job, with networkPolicy.enabled.
 Creating a worker Role that grants get/list/watch on a ConfigMap requires
 holding those verbs (RBAC escalation check): configmaps has them.
 */}}
@@ -143,6 +144,11 @@ holding those verbs (RBAC escalation check): configmaps has them.
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]
+{{- if .Values.networkPolicy.enabled }}
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [list, watch, create]
+{{- end }}
 {{- if .Values.rbac.gangScheduling }}
 - apiGroups: [scheduling.k8s.io]
   resources: [podgroups, workloads]

@@ -1,7 +1,8 @@
 """The objects a job owns besides its pods, as manifest dicts.
 
 Pure builders: the headless Service, the config and world ConfigMaps, the
-PodDisruptionBudget and the workers' RBAC (ServiceAccount, Role, RoleBinding).
+PodDisruptionBudget, the workers' RBAC (ServiceAccount, Role, RoleBinding)
+and, where enabled, the job's NetworkPolicy.
 Each carries a controller owner reference, so deleting the job lets the real
 garbage collector remove everything. :func:`owned_objects` lists them in the
 order the reconciler creates them.
@@ -52,6 +53,7 @@ ROLE = Kind("rbac.authorization.k8s.io/v1", "Role", "roles")
 ROLE_BINDING = Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings")
 PDB = Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets")
 LEASE = Kind("coordination.k8s.io/v1", "Lease", "leases")
+NETWORK_POLICY = Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies")
 
 
 def build_service(job: dict[str, Any]) -> dict[str, Any]:
@@ -99,6 +101,19 @@ def build_pdb(job: dict[str, Any], spec: TrainingJobSpec) -> dict[str, Any]:
     }
 
 
+def build_network_policy(job: dict[str, Any]) -> dict[str, Any]:
+    """The job's workers accept connections on any port (rendezvous, and gloo/NCCL's ephemeral
+    ports) only from the same job's workers. Policies add up: the chart's namespace policy
+    admits the operator and Prometheus to the metrics port."""
+    name = job["metadata"]["name"]
+    workers = {"matchLabels": selector_labels(name)}
+    return {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": object_meta(job, name, "network-policy"),
+        "spec": {"podSelector": workers, "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": workers}]}]},
+    }
+
+
 def build_worker_rbac(job: dict[str, Any], spec: TrainingJobSpec) -> list[dict[str, Any]]:
     """Read-only access to this job's world ConfigMap, and nothing else.
 
@@ -127,21 +142,25 @@ def build_worker_rbac(job: dict[str, Any], spec: TrainingJobSpec) -> list[dict[s
     return out
 
 
-def owned_objects(job: dict[str, Any], spec: TrainingJobSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def owned_objects(job: dict[str, Any], spec: TrainingJobSpec, *, network_policy: bool = False
+                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Everything but pods and the world, as (needed before the pods, the rest).
 
     A pod cannot be admitted before its ServiceAccount exists, and it mounts
     the config; the Service, Role, RoleBinding and PDB can follow the pods,
-    which gets workers started sooner on a busy API server.
+    which gets workers started sooner on a busy API server. The NetworkPolicy
+    comes first: a worker must never be reachable without it.
     """
     rbac = build_worker_rbac(job, spec)
     before = [build_config_map(job)] + [o for o in rbac if o["kind"] == "ServiceAccount"]
+    if network_policy:
+        before.append(build_network_policy(job))
     after = [build_service(job)] + [o for o in rbac if o["kind"] != "ServiceAccount"] + [build_pdb(job, spec)]
     return before, after
 
 
 def kind_of(obj: dict[str, Any]) -> Kind:
-    for k in (CONFIG_MAP, SERVICE, SERVICE_ACCOUNT, POD, ROLE, ROLE_BINDING, PDB, LEASE, EVENT):
+    for k in (CONFIG_MAP, SERVICE, SERVICE_ACCOUNT, POD, ROLE, ROLE_BINDING, PDB, LEASE, EVENT, NETWORK_POLICY):
         if k.api_version == obj["apiVersion"] and k.kind == obj["kind"]:
             return k
     raise KeyError(f"unknown kind {obj['apiVersion']}/{obj['kind']}")

@@ -35,6 +35,7 @@ from .kubeapi import ApiError, Kube, gather_limited
 from .lifecycle import FINAL_PHASES, get_condition, set_condition
 from .manifests import (
     CONFIG_MAP,
+    NETWORK_POLICY,
     PDB,
     POD,
     ROLE,
@@ -55,8 +56,9 @@ from .world import Member, World
 
 log = logging.getLogger(__name__)
 # Owned kinds not watched (see handlers.OWNED_KINDS): verified at each resync.
+# The NetworkPolicy only where --network-policy is on (only then may the operator list them).
 UNWATCHED_KINDS = (SERVICE_ACCOUNT, ROLE, ROLE_BINDING, PDB)
-UNWATCHED_NAMES = {k.kind for k in UNWATCHED_KINDS}
+UNWATCHED_NAMES = {k.kind for k in (*UNWATCHED_KINDS, NETWORK_POLICY)}
 # How long our own pod creations/deletions are trusted over a pod index that does not show them yet.
 EXPECTATION_S = 30.0
 
@@ -119,7 +121,7 @@ class Reconciler:
         namespaces = sorted({key[0] for key, mem in self.jobs.items() if mem.body is not None})
         for ns in namespaces:
             present: set[tuple[str, str]] = set()
-            for kind in UNWATCHED_KINDS:
+            for kind in UNWATCHED_KINDS + ((NETWORK_POLICY,) if self.settings.network_policy else ()):
                 for obj in await self.kube.list(kind.path(ns), label_selector=LABEL_JOB):
                     present.add((kind.kind, obj["metadata"]["name"]))
             for key, mem in list(self.jobs.items()):
@@ -183,7 +185,7 @@ class Reconciler:
         status = mem.status
         gang_fields: dict[str, Any] = {}
         active = status.phase not in FINAL_PHASES
-        before, after = owned_objects(job, spec)
+        before, after = owned_objects(job, spec, network_policy=self.settings.network_policy)
         # What the pods need (config, ServiceAccount) is ensured while the pods
         # are listed and the status written; it is awaited before any pod is created.
         prerequisites: asyncio.Future[Any] = asyncio.ensure_future(

@@ -54,6 +54,9 @@ class Settings:
     """How long the answer to 'which gang scheduling API is served' is cached."""
     log_level: str = "INFO"
     """Python logging level."""
+    network_policy: bool = False
+    """Give each job a NetworkPolicy that admits, on any port, only that job's own worker pods. The chart turns
+    it on with networkPolicy.enabled; its namespace policy admits the operator and Prometheus to the metrics port."""
 
     @property
     def clusterwide(self) -> bool:
@@ -80,6 +83,7 @@ OPTIONS: tuple[tuple[str, str, str, type], ...] = (
     ("http_timeout_s", "--http-timeout-seconds", "COHORT_HTTP_TIMEOUT_SECONDS", float),
     ("discovery_s", "--discovery-seconds", "COHORT_DISCOVERY_SECONDS", float),
     ("log_level", "--log-level", "COHORT_LOG_LEVEL", str),
+    ("network_policy", "--network-policy", "COHORT_NETWORK_POLICY", bool),
 )
 
 
