@@ -52,14 +52,31 @@ def progress(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
 
 
 def wait_step(cluster: Cluster, ns: str, name: str, step: int, timeout_s: float = 120) -> dict[str, Any]:
-    return wait_for(lambda: (p := progress(cluster, ns, name)) and p.get("step", 0) >= step and p,
-                    timeout_s, 0.2, what=f"{name} at step {step}")
+    with explained(cluster, ns, name):
+        return wait_for(lambda: (p := progress(cluster, ns, name)) and p.get("step", 0) >= step and p,
+                        timeout_s, 0.2, what=f"{name} at step {step}")
 
 
 def wait_finished(cluster: Cluster, ns: str, name: str, timeout_s: float = 240) -> dict[str, Any]:
-    job = wait_for(lambda: (j := cluster.get_job(ns, name)).get("status", {}).get("phase") in ("Succeeded", "Failed")
-                   and j, timeout_s, 0.5, what=f"{name} finished")
-    return job
+    with explained(cluster, ns, name):
+        return wait_for(lambda: (j := cluster.get_job(ns, name)).get("status", {}).get("phase") in
+                        ("Succeeded", "Failed") and j, timeout_s, 0.5, what=f"{name} finished")
+
+
+@contextlib.contextmanager
+def explained(cluster: Cluster, ns: str, name: str):
+    """On a timeout, add what the job and its workers were doing (the logs are gone after the session)."""
+    try:
+        yield
+    except AssertionError as e:
+        status = cluster.get_job(ns, name).get("status", {})
+        pods = [(p.metadata.name, p.status.phase, p.status.pod_ip)
+                for p in cluster.core.list_namespaced_pod(ns, label_selector=f"cohort.dev/job={name}").items]
+        tails = []
+        for path in sorted((CLUSTER_DIR / "logs/pods").glob(f"{ns}_{name}-worker-*_trainer.log")):
+            lines = path.read_text(errors="replace").splitlines()[-6:]
+            tails.append(f"--- {path.name}\n" + "\n".join(line[:400] for line in lines))
+        raise AssertionError(f"{e}\nstatus: {json.dumps(status)[:3000]}\npods: {pods}\n" + "\n".join(tails)) from e
 
 
 def worker_records(ns: str, name: str) -> list[dict[str, Any]]:

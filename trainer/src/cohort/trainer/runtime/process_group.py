@@ -78,22 +78,45 @@ class Rendezvous:
         """Form the default process group for ``world`` as ``rank``."""
         base = self._host_store() if rank == 0 else self._connect(world, is_newer)
         store = dist.PrefixStore(f"v{world.version}", base)
-        # Interruptible arrival barrier, so init_process_group below never waits on a missing peer.
-        store.add("arrived", 1)
-        deadline = time.monotonic() + self.timeout_s
-        while int(store.add("arrived", 0)) < world.size:
-            if is_newer():
-                raise Superseded()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"world {world.version}: only {store.add('arrived', 0)}/{world.size} "
-                                   f"members arrived within {self.timeout_s:.0f}s")
-            time.sleep(0.01)
+        self._barrier(store, world, is_newer)
         kwargs = {}
         if self.bind_ip and not torch.cuda.is_available():
             kwargs["pg_options"] = gloo_options_bound_to(self.my_ip)
         dist.init_process_group(backend_name(), store=dist.PrefixStore("pg", store), rank=rank,
                                 world_size=world.size, timeout=datetime.timedelta(seconds=self.timeout_s),
                                 **kwargs)
+
+    def _barrier(self, store: dist.Store, world: World, is_newer: Callable[[], bool]) -> None:
+        """Interruptible arrival barrier, so init_process_group never waits on a missing peer.
+
+        Every member either goes on to init_process_group or abandons the attempt, and all
+        agree which: the first to decide writes the outcome with compare_set (a member that
+        sees everyone arrived writes "go"; one that sees a newer world or runs out of time
+        writes "abandoned"), and the rest read it. Without this, a member could leave for a
+        newer world just after the last one arrived, and the others would block in
+        init_process_group until its timeout.
+        """
+        store.add("arrived", 1)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            arrived = int(store.add("arrived", 0))
+            if arrived >= world.size:
+                outcome = store.compare_set("outcome", "", "go")
+            elif is_newer():
+                outcome = store.compare_set("outcome", "", "abandoned:newer")
+            elif time.monotonic() > deadline:
+                outcome = store.compare_set("outcome", "", "abandoned:timeout")
+            elif store.check(["outcome"]):
+                outcome = store.get("outcome")
+            else:
+                time.sleep(0.01)
+                continue
+            if outcome == b"go":
+                return
+            if outcome == b"abandoned:newer":
+                raise Superseded()
+            raise TimeoutError(f"world {world.version}: only {arrived}/{world.size} members arrived "
+                               f"within {self.timeout_s:.0f}s")
 
     @staticmethod
     def leave() -> None:

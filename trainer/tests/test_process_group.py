@@ -1,0 +1,82 @@
+"""The rendezvous barrier on a real TCPStore: every member of a world reaches the same outcome.
+
+A member that leaves for a newer world while the last one arrives must not
+leave the others blocked in init_process_group (seen once in the e2e tier:
+a 60 s stall, then every member timing out).
+"""
+
+from __future__ import annotations
+
+import datetime
+import random
+import threading
+
+import pytest
+import torch.distributed as dist
+
+from cohort.trainer.runtime.process_group import Rendezvous, Superseded, gloo_options_bound_to
+from cohort.trainer.runtime.world import Member, World
+
+
+def world(size: int, version: int = 1) -> World:
+    return World(version, tuple(Member(r, f"p{r}", "127.0.0.1") for r in range(size)), "127.0.0.1", 0)
+
+
+def run_members(w: World, newer: list[threading.Event], delays: list[float], timeout_s: float = 5.0) -> list[str]:
+    """Each member with a delay (a thread with its own store client) runs the barrier; returns each one's outcome.
+    Members beyond ``len(delays)`` never arrive."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=10))
+    outcomes: list[str] = [""] * len(delays)
+
+    def member(rank: int) -> None:
+        client = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=datetime.timedelta(seconds=10))
+        newer[rank].wait(delays[rank]) if delays[rank] else None
+        try:
+            Rendezvous("127.0.0.1", 0, timeout_s=timeout_s)._barrier(
+                dist.PrefixStore(f"v{w.version}", client), w, newer[rank].is_set)
+            outcomes[rank] = "go"
+        except Superseded:
+            outcomes[rank] = "superseded"
+        except TimeoutError:
+            outcomes[rank] = "timeout"
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in range(len(delays))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s + 10)
+    assert not any(t.is_alive() for t in threads), "a member is still blocked in the barrier"
+    return outcomes
+
+
+def test_everyone_arrives_and_goes():
+    assert run_members(world(4), [threading.Event() for _ in range(4)], [0, 0.05, 0.1, 0.2]) == ["go"] * 4
+
+
+def test_a_member_that_left_for_a_newer_world_takes_everyone_with_it():
+    newer = [threading.Event() for _ in range(3)]
+    newer[0].set()  # rank 0 already sees a newer world; the others arrive later and must not go on without it
+    assert run_members(world(3), newer, [0, 0.2, 0.3]) == ["superseded"] * 3
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_members_agree_when_a_newer_world_races_the_last_arrival(seed):
+    """The race itself: rank 0 learns of a newer world at about the moment the last member arrives."""
+    rng = random.Random(seed)
+    newer = [threading.Event() for _ in range(4)]
+    last = rng.uniform(0.02, 0.06)
+    threading.Timer(last + rng.uniform(-0.01, 0.01), newer[0].set).start()
+    outcomes = run_members(world(4), newer, [0, 0.01, 0.02, last])
+    assert len(set(outcomes)) == 1 and outcomes[0] in ("go", "superseded"), outcomes
+
+
+def test_a_member_that_never_arrives_times_everyone_out():
+    outcomes = run_members(world(3), [threading.Event() for _ in range(3)], [0, 0.01], timeout_s=0.5)
+    assert outcomes == ["timeout", "timeout"]
+
+
+def test_gloo_options_bind_the_given_address():
+    """The private torch API that binds gloo to the pod IP (process nodes share one network namespace)."""
+    opts = gloo_options_bound_to("127.0.0.1")
+    assert len(opts._devices) == 1
