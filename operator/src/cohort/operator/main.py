@@ -1,8 +1,9 @@
 """The ``cohort-operator`` entry point: settings, metrics, health, leader election, kopf.
 
-Start-up order: serve /metrics and /healthz, wait for the Lease (unless
-``--standalone``), then run kopf (the watches) together with the reconcile
-workers, the periodic resync and the prober. Losing the Lease stops
+Start-up order: serve /metrics and /healthz, wait until the API server
+serves TrainingJobs, wait for the Lease (unless ``--standalone``), then run
+kopf (the watches) together with the reconcile workers, the periodic resync
+and the prober. Losing the Lease stops
 everything and exits non-zero, so the pod restarts as a standby.
 """
 
@@ -12,14 +13,16 @@ import asyncio
 import contextlib
 import logging
 import sys
+import time
 from collections.abc import Sequence
 
 import kopf
 
+from .api.models import GROUP, PLURAL, VERSION
 from .events import EventRecorder
 from .handlers import build_registry, configure
 from .health import Health
-from .kubeapi import Kube
+from .kubeapi import ApiError, Kube
 from .leader import LeaderElector
 from .metrics import OperatorMetrics
 from .prober import Prober
@@ -37,6 +40,7 @@ async def run(settings: Settings) -> int:
     runner = await health.serve(settings.health_port)
     kube = Kube.from_environment(concurrency=settings.api_concurrency)
     try:
+        await wait_until_served(kube)  # before the Lease: a leader must be ready to act
         elector = None
         if not settings.standalone:
             elector = LeaderElector(kube, settings.lease_namespace, settings.lease_name, settings.identity,
@@ -48,6 +52,31 @@ async def run(settings: Settings) -> int:
     finally:
         await kube.close()
         await runner.cleanup()
+
+
+async def wait_until_served(kube: Kube, *, group: str = GROUP, version: str = VERSION, plural: str = PLURAL,
+                            poll_s: float = 0.5, warn_every_s: float = 30.0) -> None:
+    """Return once API discovery lists TrainingJobs (or ``plural`` in ``group/version``).
+
+    kopf finds custom resources by reading discovery at its start and again on
+    each CRD event. A CRD created a moment before the operator starts (a fresh
+    `helm install` with crds.enabled, `make demo`) can be served in discovery
+    only after its last event, and kopf would then never watch TrainingJobs.
+    """
+    path, warned = f"/apis/{group}/{version}", 0.0
+    while True:
+        try:
+            found = await kube.get(path)
+        except (ApiError, OSError, asyncio.TimeoutError) as e:
+            found = None
+            log.debug("discovery of %s failed: %r", path, e)
+        if found and any(r.get("name") == plural for r in found.get("resources") or []):
+            return
+        if time.monotonic() - warned >= warn_every_s:
+            log.warning("waiting for the API server to serve %s.%s/%s (is the CRD installed? make crds; "
+                        "the chart's crds.enabled)", plural, group, version)
+            warned = time.monotonic()
+        await asyncio.sleep(poll_s)
 
 
 async def _lead(settings: Settings, kube: Kube, metrics: OperatorMetrics, elector: LeaderElector | None) -> int:
