@@ -96,6 +96,11 @@ def scenario(cluster: Cluster, prometheus: Prometheus, process_nodes):  # noqa: 
             timeout_s, "the survivors' recoveries going up")
         wait_query(prom, changes, lambda r: r and float(r[0]["value"][1]) > changes_before, timeout_s,
                    "the operator's world changes going up")
+        # Training goes on after the recovery, as Prometheus sees it (and the range has points to show it).
+        steps = f"max(cohort_step{{{sel}}})"
+        at_recovery = float(prom.query(steps)[0]["value"][1])
+        wait_query(prom, steps, lambda r: r and float(r[0]["value"][1]) > at_recovery, timeout_s,
+                   "steps moving again after the recovery")
         t_end = time.time()
         yield {"ns": ns, "prom": prom, "texts": texts, "t_start": t_start, "t_kill": t_kill, "t_end": t_end,
                "victim": victim, "survivors": survivors, "before": before,

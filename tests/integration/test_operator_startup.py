@@ -9,9 +9,13 @@ kopf would never watch it. The operator therefore waits for discovery first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 
 import pytest
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from kubernetes.client.rest import ApiException
 
 from cohort.operator.kubeapi import ApiError, Kube
 from cohort.operator.main import wait_until_served
@@ -19,7 +23,7 @@ from cohort.operator.main import wait_until_served
 pytestmark = pytest.mark.k8s
 
 
-def test_waits_until_a_crd_created_later_is_served(cluster, monkeypatch):
+def test_waits_until_a_crd_created_later_is_served(cluster):
     group = f"t{uuid.uuid4().hex[:6]}.cohort.dev"
     crd = {
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
@@ -29,10 +33,11 @@ def test_waits_until_a_crd_created_later_is_served(cluster, monkeypatch):
                  "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
                      "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]},
     }
-    monkeypatch.setenv("KUBECONFIG", cluster.kubeconfig)
+    cfg = k8s_client.Configuration()
+    k8s_config.load_kube_config(config_file=cluster.kubeconfig, client_configuration=cfg)
 
     async def scenario() -> None:
-        kube = Kube.from_environment()
+        kube = Kube(cfg)
         try:
             waiter = asyncio.create_task(wait_until_served(kube, group=group, version="v1", plural="probes",
                                                            poll_s=0.1))
@@ -57,4 +62,5 @@ def test_waits_until_a_crd_created_later_is_served(cluster, monkeypatch):
     try:
         asyncio.run(scenario())
     finally:
-        cluster.ext.delete_custom_resource_definition(crd["metadata"]["name"])
+        with contextlib.suppress(ApiException):  # not there if the test failed before creating it
+            cluster.ext.delete_custom_resource_definition(crd["metadata"]["name"])
