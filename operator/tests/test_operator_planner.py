@@ -63,12 +63,39 @@ def test_new_job_creates_target_plus_spares_and_stays_pending():
     assert plan.status.selector == "cohort.dev/job=j,cohort.dev/role=worker"
 
 
-def test_min_ready_forms_the_world_and_runs():
-    plan = run([pod(0), pod(1), pod(2, ready=False)], spec={"replicas": {"target": 3}},
+def test_gang_start_waits_for_the_target_within_the_grace():
+    # 2 of 3 Ready, 119 s into the 120 s default grace: no world yet, and a wake-up when it ends.
+    # (Past belowMinTimeoutSeconds=100 too: min are Ready, so the job does not fail.)
+    st = TrainingJobStatus(pod_index=3, start_time=fmt_time(NOW), below_min_since=fmt_time(NOW - dt.timedelta(seconds=119)))
+    plan = run([pod(0), pod(1), pod(2, ready=False)], spec={"replicas": {"target": 3}}, status=st)
+    assert (plan.world is None or not plan.world.members) and plan.status.phase == "Pending"
+    assert plan.requeue_after is not None and plan.requeue_after <= 1
+    assert "gang start" in get_condition(plan.status.conditions, "Running").message
+    # The third turns Ready: the first world is the whole gang, at once.
+    plan = run([pod(0), pod(1), pod(2)], spec={"replicas": {"target": 3}}, status=st)
+    assert plan.world.version == 1 and plan.world.names == ["j-worker-0", "j-worker-1", "j-worker-2"]
+    assert "GangStartTimedOut" not in reasons(plan)
+
+
+def test_gang_start_does_not_hide_too_few_workers():
+    st = TrainingJobStatus(pod_index=3, start_time=fmt_time(NOW), below_min_since=fmt_time(NOW - dt.timedelta(seconds=101)))
+    plan = run([pod(0), pod(1, ready=False), pod(2, ready=False)],
+               spec={"replicas": {"target": 3, "startupGraceSeconds": 600}}, status=st)
+    assert get_condition(plan.status.conditions, "Failed").reason == "BelowMinTimeout"
+
+
+def test_gang_start_grace_zero_starts_at_min():
+    plan = run([pod(0), pod(1), pod(2, ready=False)], spec={"replicas": {"target": 3, "startupGraceSeconds": 0}},
                status=TrainingJobStatus(pod_index=3, start_time=fmt_time(NOW)))
+    assert plan.world.names == ["j-worker-0", "j-worker-1"]
+
+
+def test_min_ready_forms_the_world_once_the_start_grace_has_passed():
+    st = TrainingJobStatus(pod_index=3, start_time=fmt_time(NOW), below_min_since=fmt_time(NOW - dt.timedelta(seconds=121)))
+    plan = run([pod(0), pod(1), pod(2, ready=False)], spec={"replicas": {"target": 3}}, status=st)
     assert plan.world.version == 1 and plan.world.names == ["j-worker-0", "j-worker-1"]
     assert plan.status.phase == "Running"
-    assert {"WorldPublished", "Running"} <= set(reasons(plan))
+    assert {"WorldPublished", "Running", "GangStartTimedOut"} <= set(reasons(plan))
     cond = get_condition(plan.status.conditions, "Running")
     assert cond.status == "True" and cond.observed_generation == 7
     assert get_condition(plan.status.conditions, "Ready").status == "False"  # 2 of 3
@@ -189,6 +216,16 @@ def test_scale_down_publishes_first_and_deletes_the_newest():
     assert plan.world.names == ["j-worker-0", "j-worker-1"]
     assert set(plan.delete) == {"j-worker-2", "j-worker-3"}
     assert plan.status.replicas.active == 2
+
+
+def test_after_a_full_restart_the_next_world_waits_for_the_gang_again():
+    # The world fell below min (empty): re-forming waits for the target like a start does.
+    st = running(2, 0, 1, 2)
+    st.below_min_since = fmt_time(NOW - dt.timedelta(seconds=5))
+    plan = run([pod(0), pod(3), pod(4, ready=False)], spec={"replicas": {"target": 3}}, status=st, w=World(version=2))
+    assert plan.world is None or not plan.world.members
+    plan = run([pod(0), pod(3), pod(4)], spec={"replicas": {"target": 3}}, status=st, w=World(version=2))
+    assert plan.world.version == 3 and plan.world.size == 3
 
 
 def test_scale_up_creates_pods_and_admits_them_when_ready():

@@ -33,7 +33,7 @@ from tests.support.operator import (  # noqa: F401  (operator_fixture is the ``o
 pytestmark = pytest.mark.k8s
 
 
-def test_pending_until_min_ready_then_running(cluster, namespace, operator):
+def test_gang_start_waits_for_the_target_then_forms_one_world(cluster, namespace, operator):
     cluster.create_job(namespace, job_manifest("pend", manual=True, replicas={"min": 2, "max": 4, "target": 3}))
     names = wait_for(lambda: pod_names(cluster, namespace, "pend") if len(pod_names(cluster, namespace, "pend")) == 3
                      else None, 15, what="3 pods")
@@ -42,24 +42,43 @@ def test_pending_until_min_ready_then_running(cluster, namespace, operator):
     assert cluster.get_job(namespace, "pend")["status"]["phase"] == "Pending"
     assert job["reason"] == "WaitingForWorkers"
     bind(cluster, namespace, names[0])
-    time.sleep(1.5)  # one Ready worker is not enough: still Pending
-    assert cluster.get_job(namespace, "pend")["status"]["phase"] == "Pending"
     bind(cluster, namespace, names[1])
+    time.sleep(2)  # min are Ready, but a gang start waits for the target (default grace 120 s)
+    job = cluster.get_job(namespace, "pend")
+    assert job["status"]["phase"] == "Pending" and job["status"].get("world", {}).get("version", 0) == 0
+    assert "gang start" in condition(job, "Running")["message"]
+    bind(cluster, namespace, names[2])
     job = wait_phase(cluster, namespace, "pend", "Running")
     st = job["status"]
-    assert st["world"]["version"] == 1 and st["world"]["members"] == names[:2]
-    assert st["replicas"]["active"] == 2 and st["replicas"]["desired"] == 3
+    assert st["world"]["version"] == 1 and st["world"]["members"] == names  # one world: no re-form after start
+    assert st["replicas"]["active"] == 3 and st["replicas"]["desired"] == 3
     assert st["selector"] == "cohort.dev/job=pend,cohort.dev/role=worker"
     assert condition(job, "Running")["status"] == "True"
-    assert condition(job, "Ready")["status"] == "False"  # 2 of 3
+    assert condition(job, "Ready")["status"] == "True"
     assert all(c["observedGeneration"] == job["metadata"]["generation"] for c in st["conditions"])
     w = world(cluster, namespace, "pend")
-    assert [m["pod"] for m in w["members"]] == names[:2] and w["master"]["port"] == 29400
-    bind(cluster, namespace, names[2])
-    job = wait_condition(cluster, namespace, "pend", "Ready")
-    assert world(cluster, namespace, "pend")["version"] == 2
+    assert [m["pod"] for m in w["members"]] == names and w["master"]["port"] == 29400
     for reason in ("PodCreated", "WorldPublished", "Running"):
         wait_event(cluster, namespace, "pend", reason)
+
+
+def test_gang_start_grace_then_min_is_enough(cluster, namespace, operator):
+    cluster.create_job(namespace, job_manifest("grace", manual=True,
+                                               replicas={"min": 2, "max": 4, "target": 3, "startupGraceSeconds": 4}))
+    names = wait_for(lambda: pod_names(cluster, namespace, "grace") if len(pod_names(cluster, namespace, "grace")) == 3
+                     else None, 15, what="3 pods")
+    bind(cluster, namespace, names[0])
+    time.sleep(1.5)  # one Ready worker is not enough: still Pending
+    assert cluster.get_job(namespace, "grace")["status"]["phase"] == "Pending"
+    bind(cluster, namespace, names[1])
+    job = wait_phase(cluster, namespace, "grace", "Running", 15)
+    st = job["status"]
+    assert st["world"]["version"] == 1 and st["world"]["members"] == names[:2]
+    assert condition(job, "Ready")["status"] == "False"  # 2 of 3
+    wait_event(cluster, namespace, "grace", "GangStartTimedOut")
+    bind(cluster, namespace, names[2])
+    wait_condition(cluster, namespace, "grace", "Ready")
+    assert world(cluster, namespace, "grace")["version"] == 2
 
 
 def test_failed_worker_leaves_the_world_at_once_and_is_replaced_after_backoff(cluster, namespace, operator):

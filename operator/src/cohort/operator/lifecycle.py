@@ -110,8 +110,8 @@ def get_condition(conditions: list[Condition], type_: str) -> Condition | None:
 
 def phase_conditions(conditions: list[Condition], *, phase: str, world_size: int, target: int, minimum: int,
                      final_reason: str, final_message: str, generation: int,
-                     now: dt.datetime) -> list[Condition]:
-    """Ready, Running, Suspended, Succeeded and Failed for ``phase``."""
+                     now: dt.datetime, waiting: str = "") -> list[Condition]:
+    """Ready, Running, Suspended, Succeeded and Failed for ``phase`` (``waiting``: why no world yet)."""
     def put(type_: str, status: bool, reason: str, message: str) -> None:
         nonlocal conditions
         conditions = set_condition(conditions, type_, status, reason, message, generation=generation, now=now)
@@ -126,7 +126,7 @@ def phase_conditions(conditions: list[Condition], *, phase: str, world_size: int
         put("Running", False, phase, f"job is {phase}")
     else:
         put("Running", False, "WaitingForWorkers",
-            f"waiting for at least replicas.min={minimum} Ready workers ({world_size} in the world)")
+            waiting or f"waiting for at least replicas.min={minimum} Ready workers ({world_size} in the world)")
     put("Suspended", phase == "Suspended", "Suspended" if phase == "Suspended" else "NotSuspended",
         "runPolicy.suspend is true: workers deleted" if phase == "Suspended" else "")
     put("Succeeded", phase == "Succeeded", final_reason if phase == "Succeeded" else "NotSucceeded",

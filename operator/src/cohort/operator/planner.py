@@ -87,6 +87,8 @@ class Plan:
     delete_job: bool = False
     requeue_after: float | None = None
     straggler_handled: bool = False  # the prober's verdict was acted on (starts its cooldown)
+    waiting: str = ""  # why no world is formed yet, when it is not the usual "fewer than min"
+    gang_holding: bool = False  # min are Ready, but a gang start holds out for the target
     replaced: dict[str, int] = dataclasses.field(default_factory=lambda: {"failure": 0, "straggler": 0})
 
     def event(self, reason: str, message: str, warning: bool = False) -> None:
@@ -201,7 +203,8 @@ def plan_job(x: Inputs) -> Plan:
     if not completing:
         ready = [Member(v.name, v.uid, v.ip) for v in ours
                  if v.admissible and v.name not in exclude and v.name not in st.retiring]
-        new_world = next_world(world, ready, target=target, unit=unit, minimum=spec.replicas.min, why=why)
+        minimum = _gang_minimum(x, p, world, ready_count=len(ready), eff_target=eff_target)
+        new_world = next_world(world, ready, target=target, unit=unit, minimum=minimum, why=why)
         if new_world.version != world.version:
             promoted = [m.pod for m in new_world.members if m.pod in {s.pod for s in world.spares}
                         and (lost_member or exclude)]
@@ -232,7 +235,8 @@ def plan_job(x: Inputs) -> Plan:
         since = parse_time(st.below_min_since) or now
         st.below_min_since = fmt_time(since)
         left = seconds_until(since, now) + ft.below_min_timeout_seconds
-        if left <= 0:
+        # A gang start has min Ready and waits for the rest on purpose: not a failure.
+        if left <= 0 and not p.gang_holding:
             _fail(x, p, "BelowMinTimeout", f"fewer than replicas.min={spec.replicas.min} workers were Ready for "
                   f"faultTolerance.belowMinTimeoutSeconds={ft.below_min_timeout_seconds}")
             return p
@@ -242,10 +246,38 @@ def plan_job(x: Inputs) -> Plan:
                 warning=st.phase == "Recovering")
     st.conditions = phase_conditions(st.conditions, phase=st.phase, world_size=new_world.size, target=eff_target,
                                      minimum=spec.replicas.min, final_reason="", final_message="",
-                                     generation=generation, now=now)
+                                     generation=generation, now=now, waiting=p.waiting)
     _fill_counts(x, p, new_world, eff_target)
     _progress(x, p)
     return p
+
+
+def _gang_minimum(x: Inputs, p: Plan, world: World, *, ready_count: int, eff_target: int) -> int:
+    """The fewest members the next world may have: a gang start holds out for the target.
+
+    While no world exists (start, resume, or after a full restart), forming one
+    with fewer than ``eff_target`` workers would be re-formed a moment later as
+    the rest turn Ready. So the first world waits for the target, or for
+    ``replicas.startupGraceSeconds`` of having no world (``below_min_since``),
+    after which ``replicas.min`` is enough.
+    """
+    spec, minimum = x.spec, x.spec.replicas.min
+    if world.members or ready_count >= eff_target or eff_target <= minimum:
+        return minimum
+    grace = spec.replicas.startup_grace_seconds
+    since = parse_time(x.status.below_min_since) or x.now
+    left = seconds_until(since, x.now) + grace
+    if left > 0:
+        p.requeue(left)
+        p.gang_holding = ready_count >= minimum
+        until = fmt_time(since + dt.timedelta(seconds=grace))
+        p.waiting = (f"gang start: waiting for replicas.target={eff_target} Ready workers ({ready_count} Ready) until "
+                     f"{until} (replicas.startupGraceSeconds={grace}), then for at least replicas.min={minimum}")
+        return eff_target
+    if ready_count >= minimum:
+        p.event("GangStartTimedOut", f"replicas.startupGraceSeconds={grace} passed with {ready_count} of "
+                f"{eff_target} workers Ready: starting with what is Ready (replicas.min={minimum})", warning=True)
+    return minimum
 
 
 def _phase_message(phase: str, world: World, minimum: int, target: int) -> str:

@@ -109,6 +109,10 @@ class Replicas:
     max: int = field(8, minimum=1, doc="Most workers the job may scale to.")
     target: int = field(4, minimum=1, doc="Workers wanted now (kubectl scale / HPA set this).")
     spares: int = field(0, minimum=0, doc="Standby workers, promoted at once when a worker fails.")
+    startup_grace_seconds: int = field(
+        120, minimum=0,
+        doc="Gang start: the first world (and the first after a full restart) waits for replicas.target Ready "
+            "workers, or this long and then starts with at least replicas.min. 0 starts as soon as min are Ready.")
 
 
 @dataclass
