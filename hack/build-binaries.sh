@@ -3,12 +3,14 @@
 # version, into $COHORT_CACHE/bin/<component>-<version>/ (outside the repo).
 # A warm cache makes this a no-op. Prints the directory of each component.
 #
-#   kubernetes: kube-apiserver, kube-controller-manager, kube-scheduler, kubectl
-#               (a wrapper module pins every k8s.io staging module, because
+#   kubernetes: kube-apiserver, kube-controller-manager, kube-scheduler, kubectl,
+#               kubelet and kube-proxy (a wrapper module pins every k8s.io staging module, because
 #               k8s.io/kubernetes's own go.mod replaces them with ./staging paths)
 #   etcd:       a two-line main over go.etcd.io/etcd/server/v3/etcdmain
 #   kwok:       kwok + kwokctl via go install
 #   helm:       helm via go install
+#   containerd: containerd, its runc v2 shim and ctr via go install (real nodes)
+#   crictl:     the CRI client (cri-tools) via go install (real nodes)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
@@ -28,7 +30,11 @@ k8s_staging_modules() {
 
 build_kubernetes() {
   local out="$BIN_CACHE/kubernetes-$K8S_VERSION"
-  [[ -x "$out/kube-apiserver" && -x "$out/kubectl" && -x "$out/kube-scheduler" && -x "$out/kube-controller-manager" ]] && return 0
+  local b ok=1
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy; do
+    [[ -x "$out/$b" ]] || ok=0
+  done
+  [[ $ok == 1 ]] && return 0
   log "building kubernetes $K8S_VERSION (cold: 6-19 min on 2 cores; cached afterwards)"
   local mod="$SRC_CACHE/kubernetes-$K8S_VERSION" staging_ver="v0${K8S_VERSION#v1}"
   mkdir -p "$mod"
@@ -53,6 +59,8 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )
 GO
   local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
@@ -66,10 +74,11 @@ GO
     log "resolving modules for kubernetes $K8S_VERSION"
     go mod tidy
     local tmp; tmp=$(mktemp -d "$BIN_CACHE/.kubernetes.XXXX")
-    log "compiling kube-apiserver, kube-controller-manager, kube-scheduler, kubectl"
+    log "compiling kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy"
     go build -trimpath -tags selinux,notest -ldflags "$ld" -o "$tmp/" \
       k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
+      k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
     rm -rf "$out"; mv "$tmp" "$out"
   )
 }
@@ -114,6 +123,8 @@ build_go_install() {  # name version binaries... -- packages...
   local tmp; tmp=$(mktemp -d "$BIN_CACHE/.$name.XXXX")
   local ld="-s -w"
   [[ $name == helm ]] && ld+=" -X helm.sh/helm/v3/internal/version.version=$version"
+  [[ $name == crictl ]] && ld+=" -X sigs.k8s.io/cri-tools/pkg/version.Version=$version"
+  [[ $name == containerd ]] && ld+=" -X github.com/containerd/containerd/v2/version.Version=$version"
   [[ $name == kwok ]] && ld+=" -X sigs.k8s.io/kwok/pkg/consts.Version=$version -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=$K8S_VERSION"
   GOBIN="$tmp" go install -trimpath -ldflags "$ld" "${pkgs[@]/%/@$version}"
   rm -rf "$out"; mv "$tmp" "$out"
@@ -125,7 +136,11 @@ case $want in
   all|etcd) build_etcd ;;&
   all|kwok) build_go_install kwok "$KWOK_VERSION" kwok kwokctl -- sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl ;;&
   all|helm) build_go_install helm "$HELM_VERSION" helm -- helm.sh/helm/v3/cmd/helm ;;&
-  all|kubernetes|etcd|kwok|helm) ;;
-  *) die "unknown component '$want' (all|kubernetes|etcd|kwok|helm)" ;;
+  all|containerd) build_go_install containerd "$CONTAINERD_VERSION" containerd containerd-shim-runc-v2 ctr -- \
+    github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+    github.com/containerd/containerd/v2/cmd/ctr ;;&
+  all|crictl) build_go_install crictl "$CRICTL_VERSION" crictl -- sigs.k8s.io/cri-tools/cmd/crictl ;;&
+  all|kubernetes|etcd|kwok|helm|containerd|crictl) ;;
+  *) die "unknown component '$want' (all|kubernetes|etcd|kwok|helm|containerd|crictl)" ;;
 esac
 log "binaries ready under $BIN_CACHE"

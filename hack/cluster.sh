@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The local Kubernetes control plane: etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler and the kwok controller, as plain processes on loopback.
+# The local Kubernetes cluster: etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler and the kwok controller as plain processes on loopback, plus
+# COHORT_REAL_NODES (default 2) real nodes: kubelet + containerd + runc + CNI,
+# and kube-proxy (hack/nodes.sh; needs root). COHORT_REAL_NODES=0 starts only
+# the plane and the kwok nodes.
 #
 #   hack/cluster.sh up       start (or reuse a healthy running) cluster; prints the kubeconfig path
 #   hack/cluster.sh down     stop every process hack/ started for this cluster, by PID
@@ -21,6 +24,8 @@ SCHEDULER_PORT=${COHORT_SCHEDULER_PORT:-10359}
 KWOK_PORT=${COHORT_KWOK_PORT:-10347}
 KWOK_NODES=${COHORT_KWOK_NODES:-2}
 KWOK_NODE_GPUS=${COHORT_KWOK_NODE_GPUS:-8}
+REAL_NODES=${COHORT_REAL_NODES:-2}
+API_IP=10.87.0.1  # where pods reach the API server (hack/nodes.sh makes the interface)
 K8S_BIN="$BIN_CACHE/kubernetes-$K8S_VERSION"
 ETCD_BIN="$BIN_CACHE/etcd-$ETCD_VERSION/etcd"
 KWOK_BIN="$BIN_CACHE/kwok-$KWOK_VERSION/kwok"
@@ -36,6 +41,7 @@ port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 healthy() {
   [[ -f $KUBECONFIG_PATH ]] || return 1
   local c; for c in "${COMPONENTS[@]}"; do pid_alive "$PIDS/$c.pid" || return 1; done
+  [[ $REAL_NODES == 0 ]] || "$HACK_DIR/nodes.sh" status >/dev/null || return 1
   "${KUBECTL[@]}" get --raw /readyz >/dev/null 2>&1
 }
 
@@ -64,7 +70,8 @@ wait_for() {  # name timeout_s command...
 }
 
 gen_pki() {
-  [[ -f $PKI/done ]] && return 0
+  [[ -f $PKI/done && -f $PKI/apiserver-kubelet-client.crt ]] && return 0
+  rm -rf "$PKI"
   log "generating certificates in $PKI"
   mkdir -p "$PKI"; cd "$PKI"
   openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 3650 -subj "/CN=cohort-local-ca" 2>/dev/null
@@ -79,11 +86,12 @@ gen_pki() {
     rm -f "$1.csr" "$ext"
   }
   cert apiserver "/CN=kube-apiserver" \
-    "IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+    "IP:127.0.0.1,IP:10.96.0.1,IP:$API_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
   cert admin "/O=system:masters/CN=cohort-admin"
   cert controller-manager "/CN=system:kube-controller-manager"
   cert scheduler "/CN=system:kube-scheduler"
   cert kwok "/O=system:masters/CN=kwok-controller"
+  cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
   touch done
   cd - >/dev/null
 }
@@ -154,6 +162,7 @@ up() {
       "$port" "${name%%:*}" "$LOGS/${name%%:*}.log" >&2; exit 1; }
   done
   gen_pki
+  [[ $REAL_NODES == 0 ]] || "$HACK_DIR/nodes.sh" net-up || exit 1
   rm -rf "$CLUSTER_DIR/etcd"
   log "starting etcd $ETCD_VERSION"
   start etcd "$ETCD_BIN" --name cohort --data-dir "$CLUSTER_DIR/etcd" \
@@ -162,15 +171,22 @@ up() {
     --initial-cluster "cohort=http://127.0.0.1:$((ETCD_PORT + 1))" --unsafe-no-fsync --log-level warn
   wait_for etcd 30 curl -sf "http://127.0.0.1:$ETCD_PORT/health"
 
+  # With real nodes, pods reach the API server at $API_IP (the `kubernetes`
+  # Service's endpoint): it listens on every address, and nodes.sh lets only
+  # loopback and the cluster's own interfaces connect.
+  local bind=127.0.0.1 reconciler=none
+  [[ $REAL_NODES == 0 ]] || bind=0.0.0.0 reconciler=lease
   log "starting kube-apiserver $K8S_VERSION on https://127.0.0.1:$APISERVER_PORT"
   start kube-apiserver "$K8S_BIN/kube-apiserver" \
-    --etcd-servers "http://127.0.0.1:$ETCD_PORT" --bind-address 127.0.0.1 --advertise-address 127.0.0.1 \
+    --etcd-servers "http://127.0.0.1:$ETCD_PORT" --bind-address "$bind" --advertise-address "$API_IP" \
     --secure-port "$APISERVER_PORT" --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
     --client-ca-file "$PKI/ca.crt" --authorization-mode Node,RBAC --allow-privileged=true \
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
     --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
     --service-cluster-ip-range 10.96.0.0/16 --enable-admission-plugins NodeRestriction \
-    --endpoint-reconciler-type none --profiling=false
+    --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
+    --kubelet-certificate-authority "$PKI/ca.crt" --kubelet-preferred-address-types InternalIP \
+    --endpoint-reconciler-type "$reconciler" --profiling=false
   write_kubeconfig "$KUBECONFIG_PATH" admin
   wait_for kube-apiserver 60 "${KUBECTL[@]}" get --raw /readyz
 
@@ -194,11 +210,14 @@ up() {
   # The default ServiceAccount appears once the controller-manager runs.
   wait_for kube-controller-manager 60 "${KUBECTL[@]}" get serviceaccount default -n default
   create_kwok_nodes
+  [[ $REAL_NODES == 0 ]] || "$HACK_DIR/nodes.sh" up || { down_all >/dev/null 2>&1 || true; die "cluster-up: the real nodes did not come up (above; logs in $LOGS)"; }
   log "cluster up in $((SECONDS - t0))s; export KUBECONFIG=$KUBECONFIG_PATH"
   echo "$KUBECONFIG_PATH"
 }
 
 down_all() {
+  # Real nodes first: their pods, containers, mounts and network go with them.
+  "$HACK_DIR/nodes.sh" down
   [[ -d $PIDS ]] || return 0
   local f c
   # Extra tools first (they talk to the API server), then the plane in reverse order.

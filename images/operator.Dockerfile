@@ -3,8 +3,11 @@
 # running as a non-root user. Build from the repository root (images/build.sh):
 #   docker build -f images/operator.Dockerfile -t cohort-operator:0.1.0 .
 # The base image is pinned by version tag; images/README.md says how to pin its digest.
+# BASE_IMAGE: any Debian bookworm with Python 3.11 and venv; `make images` passes one
+# made from Debian's packages (hack/images.sh), since no registry is reachable there.
+ARG BASE_IMAGE=python:3.11.14-slim-bookworm
 
-FROM python:3.11.14-slim-bookworm AS build
+FROM ${BASE_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
 # The operator's dependencies at the versions the project pins (hack/requirements.txt, its one list).
@@ -18,7 +21,7 @@ COPY operator/ operator/
 RUN /opt/cohort/bin/pip install --no-cache-dir --no-deps ./operator \
  && /opt/cohort/bin/python -m compileall -q /opt/cohort/lib
 
-FROM python:3.11.14-slim-bookworm
+FROM ${BASE_IMAGE}
 LABEL org.opencontainers.image.title="cohort-operator" \
       org.opencontainers.image.description="Cohort operator: elastic distributed PyTorch training on Kubernetes" \
       org.opencontainers.image.licenses="Apache-2.0"

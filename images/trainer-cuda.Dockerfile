@@ -3,11 +3,14 @@
 # default Linux build, whose wheels bring the CUDA runtime, cuDNN and NCCL as
 # Python packages, so the base stays a slim Python and only the node's NVIDIA
 # driver is needed (through the NVIDIA container toolkit). Runs as a non-root
-# user (UID 1000, the worker pods' default). Build from the repository root:
+# user (UID 65532, the worker pods' default). Build from the repository root:
 #   docker build -f images/trainer-cuda.Dockerfile -t cohort-trainer:0.1.0-cuda .
 # The base image is pinned by version tag; images/README.md says how to pin its digest.
+# BASE_IMAGE: any Debian bookworm with Python 3.11 and venv (hack/images.sh passes one
+# made from Debian's packages).
+ARG BASE_IMAGE=python:3.11.14-slim-bookworm
 
-FROM python:3.11.14-slim-bookworm AS build
+FROM ${BASE_IMAGE} AS build
 # Empty: the package index's default torch build (CUDA on Linux x86_64). Set it to
 # a PyTorch wheel index of a given CUDA version to choose another one.
 ARG TORCH_INDEX_URL=
@@ -23,19 +26,19 @@ RUN grep -E '^torch==' hack/requirements.txt > /tmp/torch.txt \
  && /opt/cohort/bin/pip install --no-cache-dir -r /tmp/requirements.txt
 COPY trainer/ trainer/
 RUN /opt/cohort/bin/pip install --no-cache-dir --no-deps ./trainer \
- && /opt/cohort/bin/python -m compileall -q /opt/cohort/lib
+ && /opt/cohort/bin/python -m compileall -q -x 'torch/testing/_internal/py3[1-9][0-9]_' /opt/cohort/lib
 
-FROM python:3.11.14-slim-bookworm
+FROM ${BASE_IMAGE}
 LABEL org.opencontainers.image.title="cohort-trainer" \
       org.opencontainers.image.description="Cohort trainer (CUDA): elastic distributed PyTorch training" \
       org.opencontainers.image.licenses="Apache-2.0"
-RUN groupadd --gid 1000 cohort \
- && useradd --uid 1000 --gid 1000 --create-home --home-dir /home/cohort --shell /usr/sbin/nologin cohort
+RUN groupadd --gid 65532 cohort \
+ && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin cohort
 COPY --from=build /opt/cohort /opt/cohort
-ENV PATH=/opt/cohort/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/home/cohort \
+ENV PATH=/opt/cohort/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/tmp \
     NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
-WORKDIR /home/cohort
-USER 1000:1000
+WORKDIR /tmp
+USER 65532:65532
 # /metrics, /healthz and /progress; rendezvous (TCPStore on rank 0)
 EXPOSE 9400 29400
 CMD ["cohort-train", "--config", "/etc/cohort/job.json"]

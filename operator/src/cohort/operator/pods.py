@@ -41,7 +41,8 @@ CONFIG_VOLUME = "cohort-config"
 CHECKPOINT_VOLUME = "cohort-checkpoints"
 # A non-root UID for images that do not set USER; runAsNonRoot alone would
 # refuse to start such an image.
-DEFAULT_UID = 1000
+SCRATCH_VOLUME = "scratch"
+DEFAULT_UID = 65532  # the images' user (images/*.Dockerfile)
 
 
 def _downward(field_path: str) -> dict[str, Any]:
@@ -134,8 +135,11 @@ def build_worker_pod(
     if replaces:
         annotations[ANNOTATION_REPLACES] = replaces
 
-    volumes: list[dict[str, Any]] = [{"name": CONFIG_VOLUME, "configMap": {"name": config_map_name(name)}}]
-    mounts: list[dict[str, Any]] = [{"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True}]
+    # The root file system is read-only: /tmp (and HOME, which the image points there) is an emptyDir.
+    volumes: list[dict[str, Any]] = [{"name": CONFIG_VOLUME, "configMap": {"name": config_map_name(name)}},
+                                     {"name": SCRATCH_VOLUME, "emptyDir": {}}]
+    mounts: list[dict[str, Any]] = [{"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True},
+                                    {"name": SCRATCH_VOLUME, "mountPath": "/tmp"}]
     ckpt = checkpoint_mount(spec)
     if ckpt:
         volumes.append(ckpt[0])
@@ -166,6 +170,7 @@ def build_worker_pod(
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
             "runAsNonRoot": True,
             "seccompProfile": {"type": "RuntimeDefault"},
         },

@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# Builds Cohort's images on this machine with no Docker and no registry, and
+# imports them into the local cluster's container runtimes.
+#
+#   hack/images.sh build [base|pause|operator|trainer]...  build what is missing (default: all)
+#   hack/images.sh import SOCKET...                        import every built image into these containerds
+#   hack/images.sh archive NAME                            print the docker-archive path of one image
+#   hack/images.sh list                                    name, archive and size of each image
+#
+# - base: a Debian bookworm root file system with Python, made by mmdebstrap
+#   from Debian's packages (no base image is pulled), committed as
+#   cohort.local/debian-python:bookworm. The Dockerfiles take it through
+#   their BASE_IMAGE build argument; users with Docker build them unchanged
+#   from the public python image.
+# - pause: the sandbox image, built static from the pause.c that ships in the
+#   pinned k8s.io/kubernetes module.
+# - operator, trainer: images/operator.Dockerfile and images/trainer-cpu.Dockerfile,
+#   built by buildah with chroot isolation (daemonless).
+#
+# Each image is cached as a docker-archive in $COHORT_CACHE/images/, keyed by a
+# hash of everything that went into it (Dockerfile, build context files, base),
+# so an unchanged tree rebuilds nothing. Buildah's own storage lives there too.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+IMAGES_DIR="$COHORT_CACHE/images"
+STORAGE=(--root "$IMAGES_DIR/storage" --runroot "/run/cohort-buildah")
+TAG=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$REPO_ROOT/helm/cohort/Chart.yaml")
+BASE_REF="cohort.local/debian-python:bookworm"
+PAUSE_REF="cohort.local/pause:$PAUSE_VERSION"
+mkdir -p "$IMAGES_DIR"
+
+buildah_() { buildah "${STORAGE[@]}" "$@"; }
+
+need_tools() {
+  local missing=() t
+  for t in buildah mmdebstrap; do command -v "$t" >/dev/null || missing+=("$t"); done
+  [[ ${#missing[@]} == 0 ]] && return 0
+  "$HACK_DIR/host-packages.sh" >&2
+}
+
+ref_of() {  # image -> the name pods use
+  case $1 in
+    base) echo "$BASE_REF" ;;
+    pause) echo "$PAUSE_REF" ;;
+    operator) echo "cohort-operator:$TAG" ;;
+    trainer) echo "cohort-trainer:$TAG" ;;
+    *) die "unknown image '$1' (base, pause, operator, trainer)" ;;
+  esac
+}
+
+dockerfile_of() { case $1 in operator) echo images/operator.Dockerfile ;; trainer) echo images/trainer-cpu.Dockerfile ;; esac; }
+
+key_of() {  # image -> hash of its inputs
+  local img=$1
+  case $img in
+    base) printf '%s\n' "$BASE_PACKAGES" "$BASE_SUITE" "$(sed -n '/^build_base()/,/^}/p' "$0")" | sha256sum | cut -c1-12 ;;
+    pause) printf '%s\n' "$K8S_VERSION" "$PAUSE_VERSION" "$(sed -n '/^build_pause()/,/^}/p' "$0")" | sha256sum | cut -c1-12 ;;
+    *)
+      local df; df=$(dockerfile_of "$img")
+      {
+        echo "base $(key_of base)"
+        cat "$REPO_ROOT/$df" "$REPO_ROOT/$df.dockerignore"
+        # The context the .dockerignore lets in: tracked and untracked (not ignored) files.
+        (cd "$REPO_ROOT" && git ls-files -co --exclude-standard hack/requirements.txt "${img}/" \
+          | grep -v -e '/tests/' -e '__pycache__' | sort | xargs sha256sum)
+      } | sha256sum | cut -c1-12 ;;
+  esac
+}
+
+archive_of() { echo "$IMAGES_DIR/$1-$(key_of "$1").tar"; }
+
+# Debian packages in the base: Python, venv (ensurepip), `python` on PATH, CA certificates.
+BASE_SUITE=bookworm
+BASE_PACKAGES="python3,python3-venv,python-is-python3,ca-certificates,passwd"
+
+build_base() {
+  local out=$1 tmp
+  tmp=$(mktemp -d "$IMAGES_DIR/.base.XXXX")
+  log "base: mmdebstrap $BASE_SUITE minbase + $BASE_PACKAGES (cold: about 1-2 min)"
+  mmdebstrap --quiet --variant=minbase --include="$BASE_PACKAGES" \
+    --customize-hook='rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/*' \
+    "$BASE_SUITE" "$tmp/rootfs.tar" >&2 || { rm -rf "$tmp"; die "mmdebstrap failed (Debian packages reachable? apt-get update?)"; }
+  local ctr; ctr=$(buildah_ from scratch)
+  buildah_ add "$ctr" "$tmp/rootfs.tar" / >/dev/null
+  buildah_ config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --cmd /bin/bash \
+    --label org.opencontainers.image.description="Debian $BASE_SUITE with Python, from Debian's packages" "$ctr"
+  buildah_ commit --quiet --rm "$ctr" "$BASE_REF" >/dev/null
+  buildah_ push --quiet "$BASE_REF" "docker-archive:$out:$BASE_REF" >&2
+  rm -rf "$tmp"
+}
+
+build_pause() {
+  local out=$1 tmp src
+  tmp=$(mktemp -d "$IMAGES_DIR/.pause.XXXX")
+  src=$(cd "$COHORT_CACHE/src/kubernetes-$K8S_VERSION" 2>/dev/null && go list -m -f '{{.Dir}}' k8s.io/kubernetes 2>/dev/null) \
+    || die "the k8s.io/kubernetes module is not in the Go module cache: run hack/build-binaries.sh first"
+  log "pause: compiling $src/build/pause/linux/pause.c (static)"
+  gcc -Os -static -Wall -Werror -DVERSION="v$PAUSE_VERSION-cohort" -o "$tmp/pause" "$src/build/pause/linux/pause.c"
+  strip "$tmp/pause"
+  local ctr; ctr=$(buildah_ from scratch)
+  buildah_ copy "$ctr" "$tmp/pause" /pause >/dev/null
+  buildah_ config --entrypoint '["/pause"]' --user 65535:65535 "$ctr"
+  buildah_ commit --quiet --rm "$ctr" "$PAUSE_REF" >/dev/null
+  buildah_ push --quiet "$PAUSE_REF" "docker-archive:$out:$PAUSE_REF" >&2
+  rm -rf "$tmp"
+}
+
+build_dockerfile() {  # image out
+  local img=$1 out=$2 df ref
+  df=$(dockerfile_of "$img"); ref=$(ref_of "$img")
+  log "$img: buildah build -f $df (base $BASE_REF)"
+  # The host's pip configuration and CA bundle are mounted for the RUN steps
+  # only (never committed), so pip inside reaches the package index as the host does.
+  local mounts=()
+  [[ -f /etc/pip.conf ]] && mounts+=(-v /etc/pip.conf:/etc/pip.conf:ro)
+  [[ -f /etc/ssl/certs/ca-certificates.crt ]] && mounts+=(-v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
+  # The whole build output goes to a log; its STEP lines show progress.
+  local blog="$IMAGES_DIR/$img.build.log"
+  (cd "$REPO_ROOT" && buildah_ build --isolation chroot --layers=false --pull=never \
+    --build-arg "BASE_IMAGE=$BASE_REF" "${mounts[@]}" \
+    --ignorefile "$df.dockerignore" -f "$df" -t "$ref" . > "$blog" 2>&1 &
+    pid=$!; tail -n +1 -f --pid "$pid" "$blog" | grep --line-buffered 'STEP [0-9]' | cut -c1-120 | sed 's/^/  /' >&2
+    wait "$pid") || { tail -n 40 "$blog" >&2; die "building $img failed (the build log: $blog)"; }
+  buildah_ push --quiet "$ref" "docker-archive:$out:$ref" >&2
+}
+
+build_one() {
+  local img=$1 out
+  out=$(archive_of "$img")
+  [[ -s $out ]] && return 0
+  local t0=$SECONDS tmp="$out.partial"
+  rm -f "$tmp"
+  case $img in
+    base) build_base "$tmp" ;;
+    pause) build_pause "$tmp" ;;
+    operator|trainer) build_one base; build_dockerfile "$img" "$tmp" ;;
+    *) die "unknown image '$img' (base, pause, operator, trainer)" ;;
+  esac
+  # Older archives of this image are stale now.
+  find "$IMAGES_DIR" -maxdepth 1 -name "$img-*.tar" ! -name "$(basename "$out")" -delete
+  mv "$tmp" "$out"
+  log "$img: $(ref_of "$img") built in $((SECONDS - t0))s ($(du -h "$out" | cut -f1))"
+}
+
+import_all() {  # sockets...
+  local sock img out
+  for sock in "$@"; do
+    for img in pause operator trainer; do
+      out=$(archive_of "$img")
+      [[ -s $out ]] || die "$img is not built: hack/images.sh build"
+      # Skip what this runtime already holds at this key (a label is not enough: compare the archive's hash).
+      local mark="${sock%.sock}.imported-$img-$(basename "$out" .tar)"
+      [[ -f $mark ]] && continue
+      log "importing $(ref_of "$img") into $sock"
+      "$BIN_CACHE/containerd-$CONTAINERD_VERSION/ctr" --address "$sock" -n k8s.io images import \
+        --no-unpack=false --local "$out" >/dev/null || die "ctr import of $out into $sock failed"
+      rm -f "${sock%.sock}".imported-"$img"-*
+      touch "$mark"
+    done
+  done
+}
+
+cmd=${1:-build}; shift || true
+case $cmd in
+  build)
+    need_tools
+    # One build at a time (make demo and make test started together share the cache).
+    exec 7>"$IMAGES_DIR/build.lock"
+    flock 7
+    imgs=("$@"); [[ ${#imgs[@]} -gt 0 ]] || imgs=(base pause operator trainer)
+    for i in "${imgs[@]}"; do build_one "$i"; done ;;
+  import) import_all "$@" ;;
+  archive) archive_of "$1" ;;
+  list) for i in base pause operator trainer; do a=$(archive_of "$i"); printf '%-9s %-36s %s\n' "$i" "$(ref_of "$i")" \
+          "$([[ -s $a ]] && du -h "$a" | cut -f1 || echo 'not built')"; done ;;
+  *) echo "usage: $0 build [image...] | import SOCKET... | archive NAME | list" >&2; exit 2 ;;
+esac

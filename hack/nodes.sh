@@ -1,0 +1,357 @@
+#!/usr/bin/env bash
+# Real nodes for the local cluster: per node a kubelet with its own containerd
+# (runc, CNI bridge), plus one kube-proxy for the host's network namespace.
+# hack/cluster.sh calls this; see docs/local-cluster.md.
+#
+#   hack/nodes.sh net-up    host network for pods (before the API server starts)
+#   hack/nodes.sh up        start (or reuse) the nodes; waits until every Node is Ready
+#   hack/nodes.sh down      stop every pod, container, process, mount and network it made
+#   hack/nodes.sh status    exit 0 if every node's processes are alive
+#
+# Node i is `cohort-node-i`: pods get 10.88.i.0/24 on the bridge cohort-br<i>,
+# whose gateway 10.88.i.1 is also the node's InternalIP. The API server is
+# advertised to pods at 10.87.0.1 (on cohort-api, a bridge with no ports), which is
+# what the `kubernetes` Service points at. Nothing is routed off this machine:
+# forwarded pod traffic may only go to another cohort bridge.
+#
+# Security is a real cluster's: each kubelet has its own client certificate
+# (system:node:<name>, so the Node authorizer and NodeRestriction apply),
+# a serving certificate from the cluster CA, anonymous auth off and webhook
+# authentication and authorization on; the API server reaches kubelets with a
+# client certificate and verifies theirs.
+#
+# Environment: COHORT_REAL_NODES (2), COHORT_KUBELET_PORT (12250: node i uses +i).
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+CLUSTER_DIR=${COHORT_CLUSTER_DIR:-$COHORT_CACHE/cluster}
+PIDS="$CLUSTER_DIR/pids" LOGS="$CLUSTER_DIR/logs" PKI="$CLUSTER_DIR/pki"
+NODES_DIR="$CLUSTER_DIR/nodes"
+RUN_DIR=/run/cohort
+N=${COHORT_REAL_NODES:-2}
+KUBELET_PORT=${COHORT_KUBELET_PORT:-12250}
+K8S_BIN="$BIN_CACHE/kubernetes-$K8S_VERSION"
+CTRD_BIN="$BIN_CACHE/containerd-$CONTAINERD_VERSION"
+CRICTL="$BIN_CACHE/crictl-$CRICTL_VERSION/crictl"
+KUBECTL=("$K8S_BIN/kubectl" --kubeconfig "$CLUSTER_DIR/kubeconfig")
+API_IP=10.87.0.1
+POD_CIDR=10.88.0.0/16
+SERVICE_CIDR=10.96.0.0/16
+CNI_BIN=/usr/lib/cni
+CGROUP_CONTROLLERS=(cpu cpuacct cpuset memory pids blkio devices freezer systemd)
+
+node_name() { echo "cohort-node-$1"; }
+node_ip() { echo "10.88.$1.1"; }
+sock_of() { echo "$RUN_DIR/node-$1/containerd.sock"; }
+
+# --- host network --------------------------------------------------------------
+
+net_up() {
+  [[ $(id -u) == 0 ]] || die "real nodes need root (network namespaces, cgroups, mounts)"
+  "$HACK_DIR/host-packages.sh"
+  mkdir -p "$CLUSTER_DIR"
+  [[ -f $CLUSTER_DIR/host-sysctls ]] || sysctl -n net.ipv4.ip_forward vm.overcommit_memory kernel.panic \
+    kernel.panic_on_oops | paste -sd' ' > "$CLUSTER_DIR/host-sysctls"
+  # A port-less bridge: this kernel has no dummy interfaces.
+  ip link show cohort-api >/dev/null 2>&1 || ip link add cohort-api type bridge
+  ip addr replace "$API_IP/32" dev cohort-api
+  ip link set cohort-api up
+  local i
+  for ((i = 0; i < N; i++)); do
+    ip link show "cohort-br$i" >/dev/null 2>&1 || ip link add "cohort-br$i" type bridge
+    ip addr replace "$(node_ip "$i")/24" dev "cohort-br$i"
+    ip link set "cohort-br$i" up
+  done
+  sysctl -qw net.ipv4.ip_forward=1
+  # The API server listens on every address (pods reach it at $API_IP):
+  # only loopback and the cohort interfaces may connect to it.
+  local port=${COHORT_APISERVER_PORT:-16443}
+  iptables -N COHORT-INPUT 2>/dev/null || iptables -F COHORT-INPUT
+  iptables -A COHORT-INPUT -i lo -j RETURN
+  iptables -A COHORT-INPUT -i cohort+ -j RETURN
+  iptables -A COHORT-INPUT -p tcp --dport "$port" -j DROP
+  iptables -C INPUT -j COHORT-INPUT 2>/dev/null || iptables -I INPUT -j COHORT-INPUT
+  # Pod traffic is forwarded only between the cohort bridges, never off the machine.
+  iptables -N COHORT-FORWARD 2>/dev/null || iptables -F COHORT-FORWARD
+  iptables -A COHORT-FORWARD -s "$POD_CIDR" -o cohort+ -j RETURN
+  iptables -A COHORT-FORWARD -d "$POD_CIDR" -o cohort+ -j RETURN
+  iptables -A COHORT-FORWARD -s "$POD_CIDR" -j DROP
+  iptables -C FORWARD -j COHORT-FORWARD 2>/dev/null || iptables -I FORWARD -j COHORT-FORWARD
+}
+
+net_down() {
+  local i
+  for ((i = 0; i < 16; i++)); do ip link del "cohort-br$i" 2>/dev/null || true; done
+  ip link del cohort-api 2>/dev/null || true
+  local c
+  for c in INPUT:COHORT-INPUT FORWARD:COHORT-FORWARD; do
+    while iptables -D "${c%%:*}" -j "${c#*:}" 2>/dev/null; do :; done
+    iptables -F "${c#*:}" 2>/dev/null || true
+    iptables -X "${c#*:}" 2>/dev/null || true
+  done
+  # The kubelets' and kube-proxy's chains (they leave them behind): unhook them
+  # from the built-in chains, then flush all, then delete all.
+  local t chain rule chains
+  for t in filter nat mangle; do
+    chains=$(iptables -t "$t" -S 2>/dev/null | sed -n 's/^-N \(KUBE-[A-Z0-9-]*\)$/\1/p' || true)
+    [[ -n $chains ]] || continue
+    iptables -t "$t" -S | { grep -E -- '^-A (INPUT|OUTPUT|FORWARD|PREROUTING|POSTROUTING) .*-j KUBE-' || true; } \
+      | sed 's/^-A/-D/' | while read -r rule; do eval "iptables -t $t $rule" 2>/dev/null || true; done
+    for chain in $chains; do iptables -t "$t" -F "$chain" 2>/dev/null || true; done
+    for chain in $chains; do iptables -t "$t" -X "$chain" 2>/dev/null || true; done
+  done
+  if [[ -f $CLUSTER_DIR/host-sysctls ]]; then
+    read -r fwd ovc panic oops < "$CLUSTER_DIR/host-sysctls"
+    sysctl -qw net.ipv4.ip_forward="$fwd" vm.overcommit_memory="$ovc" kernel.panic="$panic" \
+      kernel.panic_on_oops="$oops" || true
+    rm -f "$CLUSTER_DIR/host-sysctls"
+  fi
+}
+
+# --- certificates and configs --------------------------------------------------
+
+sign() {  # name subject [san] : a key and a cert signed by the cluster CA, in $PKI
+  local ext; ext=$(mktemp)
+  openssl req -newkey rsa:2048 -nodes -keyout "$PKI/$1.key" -out "$PKI/$1.csr" -subj "$2" 2>/dev/null
+  printf 'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n' > "$ext"
+  [[ -n ${3:-} ]] && echo "subjectAltName=$3" >> "$ext"
+  openssl x509 -req -in "$PKI/$1.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
+    -out "$PKI/$1.crt" -days 3650 -extfile "$ext" 2>/dev/null
+  rm -f "$PKI/$1.csr" "$ext"
+}
+
+kubeconfig_for() {  # user out
+  local b64="base64 -w0"
+  cat > "$2" <<KC
+apiVersion: v1
+kind: Config
+clusters:
+- name: cohort-local
+  cluster: {server: "https://127.0.0.1:${COHORT_APISERVER_PORT:-16443}", certificate-authority-data: $($b64 < "$PKI/ca.crt")}
+users:
+- name: $1
+  user: {client-certificate-data: $($b64 < "$PKI/$1.crt"), client-key-data: $($b64 < "$PKI/$1.key")}
+contexts:
+- name: cohort-local
+  context: {cluster: cohort-local, user: $1}
+current-context: cohort-local
+KC
+  chmod 600 "$2"
+}
+
+write_node_files() {  # i
+  local i=$1 name dir ip port
+  name=$(node_name "$i"); dir="$NODES_DIR/$name"; ip=$(node_ip "$i"); port=$((KUBELET_PORT + i))
+  mkdir -p "$dir"/{kubelet,pod-logs,cni/net.d,cni/ipam,containerd} "$RUN_DIR/node-$i"
+  [[ -f $PKI/$name.crt ]] || sign "$name" "/O=system:nodes/CN=system:node:$name" "DNS:$name,IP:$ip"
+  kubeconfig_for "$name" "$dir/kubeconfig"
+  cat > "$dir/cni/net.d/10-cohort.conflist" <<JSON
+{
+  "cniVersion": "1.0.0",
+  "name": "$name",
+  "plugins": [
+    {"type": "bridge", "bridge": "cohort-br$i", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+     "ipam": {"type": "host-local", "dataDir": "$dir/cni/ipam",
+              "ranges": [[{"subnet": "10.88.$i.0/24", "gateway": "$ip"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+JSON
+  cat > "$dir/containerd.toml" <<TOML
+version = 3
+root = "$dir/containerd"
+state = "$RUN_DIR/node-$i/containerd"
+[grpc]
+  address = "$(sock_of "$i")"
+[plugins.'io.containerd.internal.v1.opt']
+  path = "$dir/containerd/opt"
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "cohort.local/pause:$PAUSE_VERSION"
+[plugins.'io.containerd.cri.v1.runtime']
+  # This machine lacks CAP_SYS_RESOURCE: runc cannot lower a sandbox's oom_score_adj.
+  restrict_oom_score_adj = true
+  # Pod network namespaces under our state dir, not /run/netns: down removes them with it.
+  netns_mounts_under_state_dir = true
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["$CNI_BIN"]
+    conf_dir = "$dir/cni/net.d"
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        BinaryName = "/usr/sbin/runc"
+        Root = "$RUN_DIR/node-$i/runc"
+        SystemdCgroup = false
+TOML
+  cat > "$dir/kubelet.yaml" <<YAML
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: "$ip"
+port: $port
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: $((port + 100))
+tlsCertFile: "$PKI/$name.crt"
+tlsPrivateKeyFile: "$PKI/$name.key"
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: "$PKI/ca.crt"}
+authorization: {mode: Webhook}
+containerRuntimeEndpoint: "unix://$(sock_of "$i")"
+cgroupDriver: cgroupfs
+cgroupRoot: /$name
+failSwapOn: false
+failCgroupV1: false
+podLogsDir: "$dir/pod-logs"
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {nodefs.available: "0%", imagefs.available: "0%", nodefs.inodesFree: "0%", imagefs.inodesFree: "0%"}
+serializeImagePulls: false
+resolvConf: /etc/resolv.conf
+clusterDomain: cluster.local
+nodeStatusUpdateFrequency: 5s
+shutdownGracePeriod: 0s
+YAML
+}
+
+make_cgroup_root() {  # name: the kubelet's cgroupRoot in every v1 controller
+  local c d
+  for c in "${CGROUP_CONTROLLERS[@]}"; do
+    d=/sys/fs/cgroup/$c/$1
+    [[ -d /sys/fs/cgroup/$c ]] || continue
+    mkdir -p "$d"
+    if [[ $c == cpuset ]]; then
+      cat /sys/fs/cgroup/cpuset/cpuset.cpus > "$d/cpuset.cpus"
+      cat /sys/fs/cgroup/cpuset/cpuset.mems > "$d/cpuset.mems"
+    fi
+  done
+}
+
+remove_cgroup_root() {  # name: leaves first (rmdir only removes empty cgroups)
+  local c
+  for c in "${CGROUP_CONTROLLERS[@]}"; do
+    [[ -d /sys/fs/cgroup/$c/$1 ]] || continue
+    find "/sys/fs/cgroup/$c/$1" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+  done
+}
+
+# --- processes -----------------------------------------------------------------
+
+start() {  # name cmd...
+  local name=$1; shift
+  : > "$LOGS/$name.log"
+  start_recorded "$PIDS/$name.pid" "$LOGS/$name.log" "$@"
+}
+
+wait_until() {  # what timeout_s pidfile command...
+  local what=$1 timeout=$2 pidfile=$3 i; shift 3
+  for ((i = 0; i < timeout * 5; i++)); do
+    "$@" >/dev/null 2>&1 && return 0
+    kill -0 "$(cat "$pidfile")" 2>/dev/null || { tail -n 20 "$LOGS/$(basename "$pidfile" .pid).log" >&2 || true
+      die "$what exited during start-up; its log: $LOGS/$(basename "$pidfile" .pid).log"; }
+    sleep 0.2
+  done
+  tail -n 20 "$LOGS/$(basename "$pidfile" .pid).log" >&2 || true
+  die "$what was not ready within ${timeout}s; its log: $LOGS/$(basename "$pidfile" .pid).log"
+}
+
+healthy() {
+  local i
+  pid_alive "$PIDS/kube-proxy.pid" || return 1
+  for ((i = 0; i < N; i++)); do
+    pid_alive "$PIDS/containerd-$i.pid" && pid_alive "$PIDS/kubelet-$i.pid" || return 1
+  done
+}
+
+up() {
+  if healthy; then log "reusing $N real nodes"; return 0; fi
+  "$HACK_DIR/build-binaries.sh" >&2
+  stop_nodes >/dev/null 2>&1 || true
+  net_up
+  mkdir -p "$LOGS" "$PIDS" "$NODES_DIR"
+  local t0=$SECONDS i name
+  "$HACK_DIR/images.sh" build pause operator trainer
+  for ((i = 0; i < N; i++)); do
+    name=$(node_name "$i")
+    write_node_files "$i"
+    make_cgroup_root "$name"
+    log "starting containerd $CONTAINERD_VERSION for $name"
+    PATH="$CTRD_BIN:$PATH" start "containerd-$i" "$CTRD_BIN/containerd" --config "$NODES_DIR/$name/containerd.toml"
+    wait_until "containerd of $name" 30 "$PIDS/containerd-$i.pid" "$CTRD_BIN/ctr" --address "$(sock_of "$i")" version
+  done
+  "$HACK_DIR/images.sh" import $(for ((i = 0; i < N; i++)); do sock_of "$i"; done)
+  for ((i = 0; i < N; i++)); do
+    name=$(node_name "$i")
+    log "starting kubelet $K8S_VERSION as $name ($(node_ip "$i"):$((KUBELET_PORT + i)))"
+    start "kubelet-$i" "$K8S_BIN/kubelet" --config "$NODES_DIR/$name/kubelet.yaml" \
+      --kubeconfig "$NODES_DIR/$name/kubeconfig" --root-dir "$NODES_DIR/$name/kubelet" \
+      --cert-dir "$NODES_DIR/$name/kubelet/pki" --hostname-override "$name" --node-ip "$(node_ip "$i")" \
+      --node-labels "cohort.dev/node-kind=real"
+  done
+  [[ -f $PKI/kube-proxy.crt ]] || sign kube-proxy "/CN=system:kube-proxy"
+  kubeconfig_for kube-proxy "$NODES_DIR/kube-proxy.kubeconfig"
+  log "starting kube-proxy (iptables mode; one for the host's network namespace)"
+  start kube-proxy "$K8S_BIN/kube-proxy" --kubeconfig "$NODES_DIR/kube-proxy.kubeconfig" \
+    --hostname-override "$(node_name 0)" --cluster-cidr "$POD_CIDR" --proxy-mode iptables \
+    --bind-address 127.0.0.1 --healthz-bind-address 127.0.0.1:10256 --metrics-bind-address 127.0.0.1:10249 \
+    --conntrack-max-per-core 0 --conntrack-tcp-timeout-established 0 --conntrack-tcp-timeout-close-wait 0
+  for ((i = 0; i < N; i++)); do
+    wait_until "kubelet of $(node_name "$i")" 90 "$PIDS/kubelet-$i.pid" \
+      "${KUBECTL[@]}" wait --for=condition=Ready "node/$(node_name "$i")" --timeout=1s
+  done
+  wait_until kube-proxy 30 "$PIDS/kube-proxy.pid" curl -sf http://127.0.0.1:10256/healthz
+  log "$N real nodes Ready in $((SECONDS - t0))s"
+}
+
+own_pids() {  # pids whose command line names this cluster's runtime paths (shims, pause, containers' parents)
+  local p
+  for p in /proc/[0-9]*; do
+    tr '\0' ' ' < "$p/cmdline" 2>/dev/null | grep -q -e "$RUN_DIR/node-" -e "$NODES_DIR/" && echo "${p#/proc/}"
+  done
+}
+
+stop_nodes() {  # every pod, container, process, cgroup and mount of the nodes (not the host network)
+  local i name
+  for ((i = 0; i < 16; i++)); do
+    [[ -f $PIDS/kubelet-$i.pid || -f $PIDS/containerd-$i.pid ]] || continue
+    stop_pidfile "$PIDS/kubelet-$i.pid"
+    # Every pod sandbox and container through the CRI: this also tears down
+    # their network namespaces and the CNI's IP allocations.
+    if [[ -S $(sock_of "$i") && -x $CRICTL ]]; then
+      timeout 60 "$CRICTL" --runtime-endpoint "unix://$(sock_of "$i")" --timeout 20s rmp -af >/dev/null 2>&1 || true
+    fi
+    stop_pidfile "$PIDS/containerd-$i.pid"
+  done
+  stop_pidfile "$PIDS/kube-proxy.pid"
+  # Shims outlive containerd by design: stop ours (found by our paths), then their containers' cgroups.
+  local p
+  for p in $(own_pids); do kill -KILL "$p" 2>/dev/null || true; done
+  for ((i = 0; i < 16; i++)); do remove_cgroup_root "$(node_name "$i")"; done
+  # Mounts under our directories (pod volumes, the kubelet root bind, rootfs, netns), deepest first.
+  local m
+  for m in $(awk '{print $5}' /proc/self/mountinfo | grep -e "^$NODES_DIR/" -e "^$RUN_DIR/" | sort -r); do
+    umount -l "$m" 2>/dev/null || true
+  done
+  rm -rf "$RUN_DIR" "$NODES_DIR"
+}
+
+down() {
+  stop_nodes
+  net_down
+}
+
+case ${1:-} in
+  net-up) net_up ;;
+  up) up ;;
+  down) down; log "real nodes down" ;;
+  status) healthy && echo healthy || { echo "not running"; exit 1; } ;;
+  *) echo "usage: $0 net-up|up|down|status" >&2; exit 2 ;;
+esac
