@@ -49,5 +49,5 @@ bench:  ## run every benchmark (prints comparison tables; not tests)
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 .PHONY: images
-images:  ## build the operator and trainer images (CPU, CUDA) with docker, or print the commands (images/README.md)
-	@images/build.sh
+images: binaries  ## build the images here without Docker (Debian base, buildah) and import them into running real nodes
+	@if hack/nodes.sh status >/dev/null 2>&1; then hack/nodes.sh images; else hack/images.sh build; fi

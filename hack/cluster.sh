@@ -147,6 +147,7 @@ NODE
 up() {
   if healthy; then
     log "reusing the healthy cluster in $CLUSTER_DIR"
+    [[ $REAL_NODES == 0 ]] || "$HACK_DIR/nodes.sh" images || exit 1
     echo "$KUBECONFIG_PATH"
     return 0
   fi

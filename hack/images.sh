@@ -3,7 +3,7 @@
 # imports them into the local cluster's container runtimes.
 #
 #   hack/images.sh build [base|pause|operator|trainer]...  build what is missing (default: all)
-#   hack/images.sh import SOCKET...                        import every built image into these containerds
+#   hack/images.sh import SOCKET MARKDIR                   import the built images a containerd lacks
 #   hack/images.sh archive NAME                            print the docker-archive path of one image
 #   hack/images.sh list                                    name, archive and size of each image
 #
@@ -108,6 +108,9 @@ build_pause() {
 build_dockerfile() {  # image out
   local img=$1 out=$2 df ref
   df=$(dockerfile_of "$img"); ref=$(ref_of "$img")
+  # The base may be only in its archive (buildah's storage is a scratch area).
+  buildah_ inspect --type image "$BASE_REF" >/dev/null 2>&1 \
+    || buildah_ pull --quiet "docker-archive:$(archive_of base)" >/dev/null
   log "$img: buildah build -f $df (base $BASE_REF)"
   # The host's pip configuration and CA bundle are mounted for the RUN steps
   # only (never committed), so pip inside reaches the package index as the host does.
@@ -119,9 +122,13 @@ build_dockerfile() {  # image out
   (cd "$REPO_ROOT" && buildah_ build --isolation chroot --layers=false --pull=never \
     --build-arg "BASE_IMAGE=$BASE_REF" "${mounts[@]}" \
     --ignorefile "$df.dockerignore" -f "$df" -t "$ref" . > "$blog" 2>&1 &
-    pid=$!; tail -n +1 -f --pid "$pid" "$blog" | grep --line-buffered 'STEP [0-9]' | cut -c1-120 | sed 's/^/  /' >&2
+    pid=$!; tail -n +1 -f --pid "$pid" "$blog" | grep --line-buffered -o '\[[0-9/]*\] STEP [0-9].\{0,100\}' | sed -u 's/^/  /' >&2
     wait "$pid") || { tail -n 40 "$blog" >&2; die "building $img failed (the build log: $blog)"; }
   buildah_ push --quiet "$ref" "docker-archive:$out:$ref" >&2
+  # The archive is the cache: drop the image and its build stages from buildah's
+  # storage (only the base stays), or every build would keep gigabytes.
+  buildah_ rmi -f "$ref" >/dev/null 2>&1 || true
+  buildah_ rmi --prune >/dev/null 2>&1 || true
 }
 
 build_one() {
@@ -142,21 +149,37 @@ build_one() {
   log "$img: $(ref_of "$img") built in $((SECONDS - t0))s ($(du -h "$out" | cut -f1))"
 }
 
-import_all() {  # sockets...
-  local sock img out
-  for sock in "$@"; do
-    for img in pause operator trainer; do
-      out=$(archive_of "$img")
-      [[ -s $out ]] || die "$img is not built: hack/images.sh build"
-      # Skip what this runtime already holds at this key (a label is not enough: compare the archive's hash).
-      local mark="${sock%.sock}.imported-$img-$(basename "$out" .tar)"
-      [[ -f $mark ]] && continue
-      log "importing $(ref_of "$img") into $sock"
-      "$BIN_CACHE/containerd-$CONTAINERD_VERSION/ctr" --address "$sock" -n k8s.io images import \
-        --no-unpack=false --local "$out" >/dev/null || die "ctr import of $out into $sock failed"
-      rm -f "${sock%.sock}".imported-"$img"-*
-      touch "$mark"
-    done
+ctr_() {  # socket args...
+  local sock=$1; shift
+  "$BIN_CACHE/containerd-$CONTAINERD_VERSION/ctr" --address "$sock" -n k8s.io "$@" 2> >(grep -v DEPRECATION >&2)
+}
+
+import_all() {  # socket markdir: import every image this runtime does not hold yet
+  local sock=$1 marks=$2 img out mark changed=0
+  mkdir -p "$marks"
+  for img in pause operator trainer; do
+    out=$(archive_of "$img")
+    [[ -s $out ]] || die "$img is not built: hack/images.sh build"
+    # The runtime keeps its images across cluster restarts: import only a new build.
+    mark="$marks/imported-$img-$(basename "$out" .tar)"
+    [[ -f $mark ]] && continue
+    log "importing $(ref_of "$img") into $sock"
+    # Unpacked layers are dropped from the content store (the snapshots hold them).
+    ctr_ "$sock" images import --local --discard-unpacked-layers "$out" >/dev/null || true
+    ctr_ "$sock" images ls -q 2>/dev/null | grep -q -e "/$(ref_of "$img")\$" -e "^$(ref_of "$img")\$" \
+      || die "ctr import of $out into $sock failed"
+    rm -f "$marks/imported-$img-"*
+    touch "$mark"
+    changed=1
+  done
+  [[ $changed == 1 ]] || return 0
+  # Only the names pods use stay (an import also records the archive's own
+  # names); what they replaced is garbage, and a synchronous removal runs
+  # containerd's collector over it.
+  local keep name
+  keep="^($(ref_of pause)|.*/library/$(ref_of operator)|.*/library/$(ref_of trainer))\$"
+  for name in $(ctr_ "$sock" images ls -q | grep -E -v "$keep"); do
+    ctr_ "$sock" images rm --sync "$name" >/dev/null || true
   done
 }
 
@@ -173,5 +196,5 @@ case $cmd in
   archive) archive_of "$1" ;;
   list) for i in base pause operator trainer; do a=$(archive_of "$i"); printf '%-9s %-36s %s\n' "$i" "$(ref_of "$i")" \
           "$([[ -s $a ]] && du -h "$a" | cut -f1 || echo 'not built')"; done ;;
-  *) echo "usage: $0 build [image...] | import SOCKET... | archive NAME | list" >&2; exit 2 ;;
+  *) echo "usage: $0 build [image...] | import SOCKET MARKDIR | archive NAME | list" >&2; exit 2 ;;
 esac

@@ -7,6 +7,7 @@
 #   hack/nodes.sh up        start (or reuse) the nodes; waits until every Node is Ready
 #   hack/nodes.sh down      stop every pod, container, process, mount and network it made
 #   hack/nodes.sh status    exit 0 if every node's processes are alive
+#   hack/nodes.sh images    build the images that changed and import them into every node
 #
 # Node i is `cohort-node-i`: pods get 10.88.i.0/24 on the bridge cohort-br<i>,
 # whose gateway 10.88.i.1 is also the node's InternalIP. The API server is
@@ -26,6 +27,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 CLUSTER_DIR=${COHORT_CLUSTER_DIR:-$COHORT_CACHE/cluster}
 PIDS="$CLUSTER_DIR/pids" LOGS="$CLUSTER_DIR/logs" PKI="$CLUSTER_DIR/pki"
 NODES_DIR="$CLUSTER_DIR/nodes"
+# Each containerd's root (its images and snapshots) outlives the cluster, like a
+# machine's image store: a warm cluster-up imports only images that changed.
+CTRD_ROOTS="$COHORT_CACHE/containerd"
 RUN_DIR=/run/cohort
 N=${COHORT_REAL_NODES:-2}
 KUBELET_PORT=${COHORT_KUBELET_PORT:-12250}
@@ -141,7 +145,7 @@ KC
 write_node_files() {  # i
   local i=$1 name dir ip port
   name=$(node_name "$i"); dir="$NODES_DIR/$name"; ip=$(node_ip "$i"); port=$((KUBELET_PORT + i))
-  mkdir -p "$dir"/{kubelet,pod-logs,cni/net.d,cni/ipam,containerd} "$RUN_DIR/node-$i"
+  mkdir -p "$dir"/{kubelet,pod-logs,cni/net.d,cni/ipam} "$RUN_DIR/node-$i" "$CTRD_ROOTS/$name"
   [[ -f $PKI/$name.crt ]] || sign "$name" "/O=system:nodes/CN=system:node:$name" "DNS:$name,IP:$ip"
   kubeconfig_for "$name" "$dir/kubeconfig"
   cat > "$dir/cni/net.d/10-cohort.conflist" <<JSON
@@ -158,12 +162,12 @@ write_node_files() {  # i
 JSON
   cat > "$dir/containerd.toml" <<TOML
 version = 3
-root = "$dir/containerd"
+root = "$CTRD_ROOTS/$name"
 state = "$RUN_DIR/node-$i/containerd"
 [grpc]
   address = "$(sock_of "$i")"
 [plugins.'io.containerd.internal.v1.opt']
-  path = "$dir/containerd/opt"
+  path = "$CTRD_ROOTS/$name/opt"
 [plugins.'io.containerd.nri.v1.nri']
   disable = true
 [plugins.'io.containerd.grpc.v1.cri']
@@ -271,8 +275,14 @@ healthy() {
   done
 }
 
+images() {  # build what changed, import it into every running node
+  "$HACK_DIR/images.sh" build pause operator trainer
+  local i
+  for ((i = 0; i < N; i++)); do "$HACK_DIR/images.sh" import "$(sock_of "$i")" "$CTRD_ROOTS/$(node_name "$i")"; done
+}
+
 up() {
-  if healthy; then log "reusing $N real nodes"; return 0; fi
+  if healthy; then log "reusing $N real nodes"; images; return 0; fi
   "$HACK_DIR/build-binaries.sh" >&2
   stop_nodes >/dev/null 2>&1 || true
   net_up
@@ -287,7 +297,7 @@ up() {
     PATH="$CTRD_BIN:$PATH" start "containerd-$i" "$CTRD_BIN/containerd" --config "$NODES_DIR/$name/containerd.toml"
     wait_until "containerd of $name" 30 "$PIDS/containerd-$i.pid" "$CTRD_BIN/ctr" --address "$(sock_of "$i")" version
   done
-  "$HACK_DIR/images.sh" import $(for ((i = 0; i < N; i++)); do sock_of "$i"; done)
+  images
   for ((i = 0; i < N; i++)); do
     name=$(node_name "$i")
     log "starting kubelet $K8S_VERSION as $name ($(node_ip "$i"):$((KUBELET_PORT + i)))"
@@ -314,7 +324,8 @@ up() {
 own_pids() {  # pids whose command line names this cluster's runtime paths (shims, pause, containers' parents)
   local p
   for p in /proc/[0-9]*; do
-    tr '\0' ' ' < "$p/cmdline" 2>/dev/null | grep -q -e "$RUN_DIR/node-" -e "$NODES_DIR/" && echo "${p#/proc/}"
+    tr '\0' ' ' < "$p/cmdline" 2>/dev/null | grep -q -e "$RUN_DIR/node-" -e "$NODES_DIR/" -e "$CTRD_ROOTS/" \
+      && echo "${p#/proc/}"
   done
 }
 
@@ -334,10 +345,18 @@ stop_nodes() {  # every pod, container, process, cgroup and mount of the nodes (
   # Shims outlive containerd by design: stop ours (found by our paths), then their containers' cgroups.
   local p
   for p in $(own_pids); do kill -KILL "$p" 2>/dev/null || true; done
-  for ((i = 0; i < 16; i++)); do remove_cgroup_root "$(node_name "$i")"; done
+  # Container processes left behind (a kubelet or runtime that was killed) are in the nodes' cgroups.
+  for ((i = 0; i < 16; i++)); do
+    [[ -d /sys/fs/cgroup/pids/$(node_name "$i") ]] || continue
+    for p in $(find "/sys/fs/cgroup/pids/$(node_name "$i")" -name cgroup.procs -exec cat {} + 2>/dev/null); do
+      kill -KILL "$p" 2>/dev/null || true
+    done
+    sleep 0.2
+    remove_cgroup_root "$(node_name "$i")"
+  done
   # Mounts under our directories (pod volumes, the kubelet root bind, rootfs, netns), deepest first.
   local m
-  for m in $(awk '{print $5}' /proc/self/mountinfo | grep -e "^$NODES_DIR/" -e "^$RUN_DIR/" | sort -r); do
+  for m in $(awk '{print $5}' /proc/self/mountinfo | grep -e "^$NODES_DIR/" -e "^$RUN_DIR/" -e "^$CTRD_ROOTS/" | sort -r); do
     umount -l "$m" 2>/dev/null || true
   done
   rm -rf "$RUN_DIR" "$NODES_DIR"
@@ -351,7 +370,8 @@ down() {
 case ${1:-} in
   net-up) net_up ;;
   up) up ;;
+  images) images ;;
   down) down; log "real nodes down" ;;
   status) healthy && echo healthy || { echo "not running"; exit 1; } ;;
-  *) echo "usage: $0 net-up|up|down|status" >&2; exit 2 ;;
+  *) echo "usage: $0 net-up|up|down|status|images" >&2; exit 2 ;;
 esac

@@ -8,7 +8,7 @@
 # made from Debian's packages (hack/images.sh), since no registry is reachable there.
 ARG BASE_IMAGE=python:3.11.14-slim-bookworm
 
-FROM ${BASE_IMAGE} AS build
+FROM ${BASE_IMAGE} AS deps
 # TORCH_INDEX_URL: a wheel index serving torch's CPU-only build makes a much
 # smaller image (images/README.md); empty means pip's configured index, whose
 # Linux torch is the CUDA build (it runs on the CPU too).
@@ -22,10 +22,15 @@ RUN grep -E '^torch==' hack/requirements.txt > /tmp/torch.txt \
  && test "$(wc -l < /tmp/torch.txt)" -eq 1 && test "$(wc -l < /tmp/requirements.txt)" -eq 4 \
  && python -m venv /opt/cohort \
  && /opt/cohort/bin/pip install --no-cache-dir ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} -r /tmp/torch.txt \
- && /opt/cohort/bin/pip install --no-cache-dir -r /tmp/requirements.txt
-COPY trainer/ trainer/
-RUN /opt/cohort/bin/pip install --no-cache-dir --no-deps ./trainer \
+ && /opt/cohort/bin/pip install --no-cache-dir -r /tmp/requirements.txt \
  && /opt/cohort/bin/python -m compileall -q -x 'torch/testing/_internal/py3[1-9][0-9]_' /opt/cohort/lib
+
+# The project in a directory of its own, so that a code change leaves the
+# multi-GB dependency layer above unchanged (and cached by the builder and the nodes).
+FROM deps AS build
+COPY trainer/ trainer/
+RUN /opt/cohort/bin/pip install --no-cache-dir --target /opt/cohort-app --no-deps ./trainer \
+ && /opt/cohort/bin/python -m compileall -q /opt/cohort-app
 
 FROM ${BASE_IMAGE}
 LABEL org.opencontainers.image.title="cohort-trainer" \
@@ -33,9 +38,10 @@ LABEL org.opencontainers.image.title="cohort-trainer" \
       org.opencontainers.image.licenses="Apache-2.0"
 RUN groupadd --gid 65532 cohort \
  && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin cohort
-COPY --from=build /opt/cohort /opt/cohort
+COPY --from=deps /opt/cohort /opt/cohort
+COPY --from=build /opt/cohort-app /opt/cohort-app
 # The root file system is read-only in a worker pod: HOME is /tmp, an emptyDir there.
-ENV PATH=/opt/cohort/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/tmp
+ENV PATH=/opt/cohort-app/bin:/opt/cohort/bin:$PATH PYTHONPATH=/opt/cohort-app PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/tmp
 WORKDIR /tmp
 USER 65532:65532
 # /metrics, /healthz and /progress; rendezvous (TCPStore on rank 0)

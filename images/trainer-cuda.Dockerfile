@@ -10,7 +10,7 @@
 # made from Debian's packages).
 ARG BASE_IMAGE=python:3.11.14-slim-bookworm
 
-FROM ${BASE_IMAGE} AS build
+FROM ${BASE_IMAGE} AS deps
 # Empty: the package index's default torch build (CUDA on Linux x86_64). Set it to
 # a PyTorch wheel index of a given CUDA version to choose another one.
 ARG TORCH_INDEX_URL=
@@ -23,10 +23,15 @@ RUN grep -E '^torch==' hack/requirements.txt > /tmp/torch.txt \
  && test "$(wc -l < /tmp/torch.txt)" -eq 1 && test "$(wc -l < /tmp/requirements.txt)" -eq 4 \
  && python -m venv /opt/cohort \
  && /opt/cohort/bin/pip install --no-cache-dir ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} -r /tmp/torch.txt \
- && /opt/cohort/bin/pip install --no-cache-dir -r /tmp/requirements.txt
-COPY trainer/ trainer/
-RUN /opt/cohort/bin/pip install --no-cache-dir --no-deps ./trainer \
+ && /opt/cohort/bin/pip install --no-cache-dir -r /tmp/requirements.txt \
  && /opt/cohort/bin/python -m compileall -q -x 'torch/testing/_internal/py3[1-9][0-9]_' /opt/cohort/lib
+
+# The project in a directory of its own, so that a code change leaves the
+# multi-GB dependency layer above unchanged (and cached by the builder and the nodes).
+FROM deps AS build
+COPY trainer/ trainer/
+RUN /opt/cohort/bin/pip install --no-cache-dir --target /opt/cohort-app --no-deps ./trainer \
+ && /opt/cohort/bin/python -m compileall -q /opt/cohort-app
 
 FROM ${BASE_IMAGE}
 LABEL org.opencontainers.image.title="cohort-trainer" \
@@ -34,8 +39,9 @@ LABEL org.opencontainers.image.title="cohort-trainer" \
       org.opencontainers.image.licenses="Apache-2.0"
 RUN groupadd --gid 65532 cohort \
  && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin cohort
-COPY --from=build /opt/cohort /opt/cohort
-ENV PATH=/opt/cohort/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/tmp \
+COPY --from=deps /opt/cohort /opt/cohort
+COPY --from=build /opt/cohort-app /opt/cohort-app
+ENV PATH=/opt/cohort-app/bin:/opt/cohort/bin:$PATH PYTHONPATH=/opt/cohort-app PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/tmp \
     NVIDIA_VISIBLE_DEVICES=all NVIDIA_DRIVER_CAPABILITIES=compute,utility
 WORKDIR /tmp
 USER 65532:65532

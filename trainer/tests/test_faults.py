@@ -28,3 +28,18 @@ def test_newcomer_and_replay_do_not_fire():
     survivor.before_step(rank=3, step=5)   # reached step 5 holding rank 3
     survivor.before_step(rank=2, step=5)   # the replay after a kill, now as rank 2: must not die
     assert survivor.max_seen == 5
+
+
+def test_oom_fault_parses_and_fires_once_at_its_step(monkeypatch):
+    fired = []
+    monkeypatch.setattr("cohort.trainer.faults.exhaust_memory", lambda mb: fired.append(mb))
+    f = Faults.from_env({"COHORT_FAULT_OOM": "rank=1,step=5,mb=256"})
+    assert (f.oom_rank, f.oom_step, f.oom_mb) == (1, 5, 256)
+    for step in range(3, 8):
+        f.before_step(rank=1, step=step)
+    f.before_step(rank=1, step=5)  # replayed in a new world: no second time
+    assert fired == [256]
+    other = Faults.from_env({"COHORT_FAULT_OOM": "rank=1,step=5"})
+    for step in range(3, 8):
+        other.before_step(rank=0, step=step)
+

@@ -184,6 +184,9 @@ def build_worker_pod(
         "restartPolicy": "Never",
         "serviceAccountName": t_spec.get("serviceAccountName") or worker_account_name(name),
         "enableServiceLinks": False,
+        # The pause process is PID 1 and reaps zombies; the trainer is then not
+        # PID 1, which the kernel shields from signals it has no handler for.
+        "shareProcessNamespace": True,
         "containers": [container],
         "volumes": volumes,
         "securityContext": {

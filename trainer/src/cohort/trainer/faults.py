@@ -4,6 +4,10 @@
 holds rank R computes F times slower, for the rest of its life.
 ``COHORT_FAULT_KILL=rank=R,step=S``: at step S the process holding rank R
 SIGKILLs itself.
+``COHORT_FAULT_OOM=rank=R,step=S,mb=M``: at step S the process holding rank R
+allocates (and touches) memory in 64 MiB pieces, up to M MiB (default 4096),
+so that a container memory limit below that gets it OOM-killed by the kernel;
+if it is still alive at M MiB, it SIGKILLs itself.
 
 A fault fires only in a process that was training before step S and reaches
 step S for the first time: a newcomer that later takes rank R (a
@@ -41,6 +45,9 @@ class Faults:
     slow_step: int = 0
     kill_rank: int = -1
     kill_step: int = 0
+    oom_rank: int = -1
+    oom_step: int = 0
+    oom_mb: int = 4096
     first_step: int | None = None  # first step this process trained
     max_seen: int = -1             # highest step this process has started
     slowed: bool = False
@@ -54,6 +61,9 @@ class Faults:
         if env.get("COHORT_FAULT_KILL"):
             p = _parse(env["COHORT_FAULT_KILL"], "COHORT_FAULT_KILL")
             f.kill_rank, f.kill_step = int(p["rank"]), int(p.get("step", 0))
+        if env.get("COHORT_FAULT_OOM"):
+            p = _parse(env["COHORT_FAULT_OOM"], "COHORT_FAULT_OOM")
+            f.oom_rank, f.oom_step, f.oom_mb = int(p["rank"]), int(p.get("step", 0)), int(p.get("mb", 4096))
         return f
 
     def before_step(self, rank: int, step: int) -> None:
@@ -68,6 +78,10 @@ class Faults:
             log.warning("fault injection: SIGKILL self", extra={"step": step, "t": time.time()})
             logging.shutdown()
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.oom_rank == rank and step == self.oom_step and crossing(self.oom_step):
+            log.warning("fault injection: allocating memory", extra={"step": step, "mb": self.oom_mb})
+            logging.shutdown()
+            exhaust_memory(self.oom_mb)
         if not self.slowed and self.slow_rank == rank and crossing(self.slow_step):
             log.warning("fault injection: computing slower", extra={"step": step, "factor": self.slow_factor})
             self.slowed = True
@@ -79,3 +93,11 @@ class Faults:
         extra = (self.slow_factor - 1.0) * compute_s
         time.sleep(extra)
         return extra
+
+
+def exhaust_memory(limit_mb: int, chunk_mb: int = 64) -> None:
+    """Hold ever more touched memory until the kernel kills us; past ``limit_mb``, die anyway."""
+    held = []
+    for _ in range(max(limit_mb // chunk_mb, 1)):
+        held.append(bytearray(chunk_mb << 20))  # zero-filled: every page is written
+    os.kill(os.getpid(), signal.SIGKILL)
