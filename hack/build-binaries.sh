@@ -11,6 +11,7 @@
 #   helm:       helm via go install
 #   containerd: containerd, its runc v2 shim and ctr via go install (real nodes)
 #   crictl:     the CRI client (cri-tools) via go install (real nodes)
+#   local-path-provisioner: PersistentVolumes on real nodes, via go install
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
@@ -140,7 +141,9 @@ case $want in
     github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
     github.com/containerd/containerd/v2/cmd/ctr ;;&
   all|crictl) build_go_install crictl "$CRICTL_VERSION" crictl -- sigs.k8s.io/cri-tools/cmd/crictl ;;&
-  all|kubernetes|etcd|kwok|helm|containerd|crictl) ;;
-  *) die "unknown component '$want' (all|kubernetes|etcd|kwok|helm|containerd|crictl)" ;;
+  all|local-path-provisioner) build_go_install local-path-provisioner "$LOCAL_PATH_PROVISIONER_VERSION" \
+    local-path-provisioner -- github.com/rancher/local-path-provisioner ;;&
+  all|kubernetes|etcd|kwok|helm|containerd|crictl|local-path-provisioner) ;;
+  *) die "unknown component '$want' (all|kubernetes|etcd|kwok|helm|containerd|crictl|local-path-provisioner)" ;;
 esac
 log "binaries ready under $BIN_CACHE"

@@ -1,8 +1,10 @@
-"""The demo's driver (run by hack/demo.sh once the cluster, process nodes and operator are up).
+"""The demo's driver (run by hack/demo.sh once the cluster, its real nodes and the operator are up).
 
-Applies examples/demo.yaml in namespace ``cohort-demo``, prints live progress
-from the TrainingJob's status, and finishes with a report read from the job's
-status, Events and the workers' logs: accuracy, recovery times, replacements.
+Applies examples/demo.yaml in namespace ``cohort-demo`` (which enforces the
+restricted Pod Security Standard), prints live progress from the TrainingJob's
+status while following the workers' logs, and finishes with a report read from
+the job's status, Events and those logs: accuracy, recovery times,
+replacements, and the nodes the workers ran on.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+from podlogs import PodLogs
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_DIR = Path(os.environ.get("COHORT_CLUSTER_DIR", Path.home() / ".cache/cohort/cluster"))
@@ -50,7 +53,8 @@ def fresh_namespace(core: client.CoreV1Api, ns: str) -> None:
     except ApiException as e:
         if e.status != 404:
             raise
-    core.create_namespace({"metadata": {"name": ns}})
+    core.create_namespace({"metadata": {"name": ns, "labels": {
+        "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}})
 
 
 def line(job: dict, t0: float) -> str:
@@ -75,7 +79,7 @@ def worker_logs(ns: str, job: str) -> list[dict]:
     return out
 
 
-def report(ns: str, name: str, job: dict, events: list) -> None:
+def report(ns: str, name: str, job: dict, events: list, nodes: dict[str, str]) -> None:
     s = job.get("status", {})
     p = s.get("progress", {})
     logs = worker_logs(ns, name)
@@ -97,6 +101,11 @@ def report(ns: str, name: str, job: dict, events: list) -> None:
         secs = sorted(r["seconds"] for r in in_place)
         print(f"               in-process re-form + state agreement per worker: median {secs[len(secs) // 2]:.3f} s "
               f"over {len(secs)} recoveries")
+    for e in events:
+        if e.reason == "StragglerReplaced":
+            slow = e.message.split()[1]
+            by = e.message.rsplit(" by ", 1)[-1]
+            print(f"straggler      {slow} on {nodes.get(slow, '?')} replaced by {by} on {nodes.get(by, '?')}")
     print("events:")
     ours = [e for e in events if (e.source and e.source.component == "cohort-operator")
             or e.reporting_component == "cohort-operator"]
@@ -122,18 +131,24 @@ def main() -> int:
     t0 = time.monotonic()
     job: dict = {}
     last = ""
-    while time.monotonic() - t0 < args.timeout:
-        job = custom.get_namespaced_custom_object(GROUP, VERSION, args.namespace, PLURAL, name)
-        text = line(job, t0)
-        if text.split("]", 1)[1] != last:
-            print(text, flush=True)
-            last = text.split("]", 1)[1]
-        if job.get("status", {}).get("phase") in ("Succeeded", "Failed"):
-            break
-        time.sleep(1)
+    logs = PodLogs(core, args.namespace, f"cohort.dev/job={name}", CLUSTER_DIR / "logs/pods")
+    logs.clear(f"{name}-worker-")
+    with logs:
+        while time.monotonic() - t0 < args.timeout:
+            job = custom.get_namespaced_custom_object(GROUP, VERSION, args.namespace, PLURAL, name)
+            text = line(job, t0)
+            if text.split("]", 1)[1] != last:
+                print(text, flush=True)
+                last = text.split("]", 1)[1]
+            if job.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+                break
+            time.sleep(1)
+        time.sleep(2)  # the last lines of the workers' logs
+    print("\n$ kubectl get pods -n", args.namespace, "-o wide")
+    subprocess.run([str(kubectl), "get", "pods", "-n", args.namespace, "-o", "wide"], check=False)
     events = sorted(core.list_namespaced_event(args.namespace, field_selector=f"involvedObject.name={name}").items,
                     key=lambda e: e.last_timestamp or e.event_time or e.metadata.creation_timestamp)
-    report(args.namespace, name, job, events)
+    report(args.namespace, name, job, events, logs.nodes)
     ok = job.get("status", {}).get("phase") == "Succeeded"
     print("\nThe cluster keeps running: kubectl --kubeconfig", os.environ["KUBECONFIG"], "get tj -A;"
           " stop it with make cluster-down.")

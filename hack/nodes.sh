@@ -21,6 +21,10 @@
 # authentication and authorization on; the API server reaches kubelets with a
 # client certificate and verifies theirs.
 #
+# PersistentVolumeClaims are served by local-path-provisioner (the default
+# StorageClass `local-path`), with one directory on this machine shared by
+# both nodes, so claims are ReadWriteMany; its helper pods run on the nodes.
+#
 # Environment: COHORT_REAL_NODES (2), COHORT_KUBELET_PORT (12250: node i uses +i).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -36,6 +40,8 @@ KUBELET_PORT=${COHORT_KUBELET_PORT:-12250}
 K8S_BIN="$BIN_CACHE/kubernetes-$K8S_VERSION"
 CTRD_BIN="$BIN_CACHE/containerd-$CONTAINERD_VERSION"
 CRICTL="$BIN_CACHE/crictl-$CRICTL_VERSION/crictl"
+LPP="$BIN_CACHE/local-path-provisioner-$LOCAL_PATH_PROVISIONER_VERSION/local-path-provisioner"
+VOLUMES="$CLUSTER_DIR/volumes"
 KUBECTL=("$K8S_BIN/kubectl" --kubeconfig "$CLUSTER_DIR/kubeconfig")
 API_IP=10.87.0.1
 POD_CIDR=10.88.0.0/16
@@ -219,7 +225,11 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {nodefs.available: "0%", imagefs.available: "0%", nodefs.inodesFree: "0%", imagefs.inodesFree: "0%"}
 serializeImagePulls: false
-resolvConf: /etc/resolv.conf
+# No resolver in pods: nothing in the cluster needs names, and the host's
+# nameservers are off the machine, where pod traffic may not go. (c10d looks up
+# each peer's name; with an unreachable nameserver every lookup waited out a
+# 10 s timeout, in every recovery.)
+resolvConf: ""
 clusterDomain: cluster.local
 nodeStatusUpdateFrequency: 5s
 shutdownGracePeriod: 0s
@@ -269,7 +279,7 @@ wait_until() {  # what timeout_s pidfile command...
 
 healthy() {
   local i
-  pid_alive "$PIDS/kube-proxy.pid" || return 1
+  pid_alive "$PIDS/kube-proxy.pid" && pid_alive "$PIDS/local-path-provisioner.pid" || return 1
   for ((i = 0; i < N; i++)); do
     pid_alive "$PIDS/containerd-$i.pid" && pid_alive "$PIDS/kubelet-$i.pid" || return 1
   done
@@ -318,7 +328,69 @@ up() {
       "${KUBECTL[@]}" wait --for=condition=Ready "node/$(node_name "$i")" --timeout=1s
   done
   wait_until kube-proxy 30 "$PIDS/kube-proxy.pid" curl -sf http://127.0.0.1:10256/healthz
+  start_provisioner
   log "$N real nodes Ready in $((SECONDS - t0))s"
+}
+
+start_provisioner() {
+  local ns=local-path-storage dir="$NODES_DIR/local-path"
+  mkdir -p "$dir" "$VOLUMES"
+  cat > "$dir/config.json" <<JSON
+{"sharedFileSystemPath": "$VOLUMES"}
+JSON
+  # Helper pods make and remove each volume's directory: as root, on a real node.
+  cat > "$dir/helperPod.yaml" <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: helper-pod}
+spec:
+  nodeSelector: {cohort.dev/node-kind: real}
+  containers:
+  - name: helper-pod
+    image: cohort-operator:$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$REPO_ROOT/helm/cohort/Chart.yaml")
+    imagePullPolicy: Never
+    securityContext: {runAsUser: 0, runAsNonRoot: false}
+YAML
+  "${KUBECTL[@]}" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: $ns
+  labels: {pod-security.kubernetes.io/enforce: privileged}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: local-path-provisioner-service-account, namespace: $ns}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: local-path-config, namespace: $ns}
+data:
+  setup: |-
+    #!/bin/sh
+    set -eu
+    mkdir -m 0777 -p "\$VOL_DIR"
+  teardown: |-
+    #!/bin/sh
+    set -eu
+    rm -rf "\$VOL_DIR"
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: local-path
+  annotations: {storageclass.kubernetes.io/is-default-class: "true"}
+provisioner: rancher.io/local-path
+reclaimPolicy: Delete
+volumeBindingMode: Immediate
+YAML
+  log "starting local-path-provisioner $LOCAL_PATH_PROVISIONER_VERSION (volumes in $VOLUMES)"
+  start local-path-provisioner "$LPP" start --kubeconfig "$CLUSTER_DIR/kubeconfig" --namespace "$ns" \
+    --config "$dir/config.json" --helper-pod-file "$dir/helperPod.yaml" --helper-image unused \
+    --service-account-name local-path-provisioner-service-account
+  sleep 1
+  kill -0 "$(cat "$PIDS/local-path-provisioner.pid")" 2>/dev/null \
+    || die "local-path-provisioner exited during start-up; its log: $LOGS/local-path-provisioner.log"
 }
 
 own_pids() {  # pids whose command line names this cluster's runtime paths (shims, pause, containers' parents)
@@ -342,6 +414,7 @@ stop_nodes() {  # every pod, container, process, cgroup and mount of the nodes (
     stop_pidfile "$PIDS/containerd-$i.pid"
   done
   stop_pidfile "$PIDS/kube-proxy.pid"
+  stop_pidfile "$PIDS/local-path-provisioner.pid"
   # Shims outlive containerd by design: stop ours (found by our paths), then their containers' cgroups.
   local p
   for p in $(own_pids); do kill -KILL "$p" 2>/dev/null || true; done
@@ -359,7 +432,7 @@ stop_nodes() {  # every pod, container, process, cgroup and mount of the nodes (
   for m in $(awk '{print $5}' /proc/self/mountinfo | grep -e "^$NODES_DIR/" -e "^$RUN_DIR/" -e "^$CTRD_ROOTS/" | sort -r); do
     umount -l "$m" 2>/dev/null || true
   done
-  rm -rf "$RUN_DIR" "$NODES_DIR"
+  rm -rf "$RUN_DIR" "$NODES_DIR" "$VOLUMES"
 }
 
 down() {

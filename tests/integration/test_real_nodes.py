@@ -148,3 +148,25 @@ def test_kubectl_logs_come_from_the_container(cluster, namespace, real_nodes):  
     out = wait_for(lambda: (o := kubectl(cluster, "logs", "-n", namespace, "hello")).returncode == 0 and o.stdout, 20,
                    what="the pod's log")
     assert out.strip() == "hi from 65532"
+
+
+def test_a_claim_is_provisioned_and_shared_by_pods_on_both_nodes(cluster, namespace, real_nodes):  # noqa: F811
+    node_a, node_b = real_nodes
+    restrict(cluster, namespace)
+    cluster.core.create_namespaced_persistent_volume_claim(namespace, {
+        "metadata": {"name": "shared"},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}})
+    volume = {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "shared"}}]}
+    mount = {"volumeMounts": [{"name": "data", "mountPath": "/data"}]}
+    writer = pod("writer", OPERATOR_IMAGE, ["python", "-c", "open('/data/hello', 'w').write('from a')"],
+                 node=node_a, **mount)
+    writer["spec"].update(volume)
+    cluster.core.create_namespaced_pod(namespace, writer)
+    wait_pod(cluster, namespace, "writer", ("Succeeded",), 90)
+    reader = pod("reader", OPERATOR_IMAGE, ["python", "-c", "print(open('/data/hello').read())"], node=node_b, **mount)
+    reader["spec"].update(volume)
+    cluster.core.create_namespaced_pod(namespace, reader)
+    wait_pod(cluster, namespace, "reader", ("Succeeded",), 60)
+    assert kubectl(cluster, "logs", "-n", namespace, "reader").stdout.strip() == "from a"
+    claim = cluster.core.read_namespaced_persistent_volume_claim("shared", namespace)
+    assert claim.spec.storage_class_name == "local-path" and claim.status.phase == "Bound"
