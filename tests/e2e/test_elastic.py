@@ -1,7 +1,7 @@
-"""End to end on process nodes: the real control plane, operator and trainer processes.
+"""End to end on real nodes: the real control plane, operator, and trainer containers.
 
 Each test applies a TrainingJob (examples/digits.yaml's workload) that the
-operator under test runs as worker processes, injects a failure, and checks
+operator under test runs as worker containers, injects a failure, and checks
 that the job succeeds with the accuracy target and that the recovery was in
 place (no steps computed twice) or, when no worker survives, from the
 newest checkpoint.
@@ -37,7 +37,7 @@ def assert_succeeded(job: dict) -> dict:
     return status
 
 
-def test_worker_sigkilled_mid_training_recovers_in_place(cluster, namespace, process_nodes, operator):
+def test_worker_sigkilled_mid_training_recovers_in_place(cluster, namespace, real_nodes, operator):
     create(cluster, namespace, training_job("kill", env={"COHORT_FAULT_KILL": "rank=2,step=100"}))
     status = assert_succeeded(wait_finished(cluster, namespace, "kill"))
     assert status["replacements"]["failure"] == 1
@@ -48,7 +48,7 @@ def test_worker_sigkilled_mid_training_recovers_in_place(cluster, namespace, pro
     assert not any(r["msg"] == "resumed from checkpoint" for r in records)
 
 
-def test_worker_pod_deleted_with_kubectl_recovers_in_place(cluster, namespace, process_nodes, operator):
+def test_worker_pod_deleted_with_kubectl_recovers_in_place(cluster, namespace, real_nodes, operator):
     create(cluster, namespace, training_job("delete", workload={"epochs": 60}))
     wait_step(cluster, namespace, "delete", 150)
     victim = world(cluster, namespace, "delete")["members"][2]["pod"]
@@ -72,7 +72,7 @@ LONG = {"epochs": 0, "maxSteps": 3000, "batchSize": 64, "modelArgs": {"hidden": 
         "evalEveryEpochs": 0}
 
 
-def test_slowed_rank_is_replaced_and_throughput_returns(cluster, namespace, process_nodes, operator):
+def test_slowed_rank_is_replaced_and_throughput_returns(cluster, namespace, real_nodes, operator):
     window_s = 10
     # Rates come from the reported step, which the operator refreshes once a second: windows of
     # 12 s keep that sampling within about 10 % (6 s windows made the check flaky on 2 cores).
@@ -88,6 +88,12 @@ def test_slowed_rank_is_replaced_and_throughput_returns(cluster, namespace, proc
     wait_for(lambda: cluster.get_job(namespace, "slow")["status"]["replacements"]["straggler"] >= 1,
              window_s + 60, 0.5, what="the straggler replaced")
     assert time.monotonic() - t_slow <= window_s + 60
+    # Every node here shares this machine's 2 cores: the kubelet tearing down the
+    # straggler's container (CNI, mounts, status) competes with the survivors for
+    # a few seconds, which a real cluster's separate node would not. Measure once it is gone.
+    wait_for(lambda: len(cluster.job_pods(namespace, "slow")) == 4
+             and not any(p.metadata.deletion_timestamp for p in cluster.job_pods(namespace, "slow")),
+             60, 0.5, what="the straggler's pod gone")
     time.sleep(4)  # the new world's first steps include its rendezvous and warm-up
     after = steps_per_second(cluster, namespace, "slow", 12)
     assert after >= 0.9 * before, f"steps/s before the slowdown {before:.1f}, slowed {slowed:.1f}, after {after:.1f}"
@@ -97,7 +103,7 @@ def test_slowed_rank_is_replaced_and_throughput_returns(cluster, namespace, proc
     assert "StragglerReplaced" in reasons
 
 
-def test_scaling_2_4_2_mid_run(cluster, namespace, process_nodes, operator):
+def test_scaling_2_4_2_mid_run(cluster, namespace, real_nodes, operator):
     create(cluster, namespace, training_job("scale", replicas={"min": 2, "max": 4, "target": 2}, workload=LONG))
     wait_step(cluster, namespace, "scale", 100)
     kubectl(cluster, "scale", "tj/scale", "-n", namespace, "--replicas=4")
@@ -115,7 +121,7 @@ def test_scaling_2_4_2_mid_run(cluster, namespace, process_nodes, operator):
     assert collapsed.index(4) < len(collapsed) - 1
 
 
-def test_every_worker_killed_resumes_from_checkpoint(cluster, namespace, process_nodes, operator):
+def test_every_worker_killed_resumes_from_checkpoint(cluster, namespace, real_nodes, operator):
     create(cluster, namespace, training_job("all", workload={"epochs": 60}))
     wait_for(lambda: (cluster.get_job(namespace, "all").get("status", {}).get("lastCheckpoint") or {}).get("step", 0) >= 200,
              120, 0.5, what="a committed checkpoint")
@@ -127,7 +133,7 @@ def test_every_worker_killed_resumes_from_checkpoint(cluster, namespace, process
     assert status["progress"]["step"] > resumed[0]["step"]
 
 
-def test_operator_killed_during_recovery_completes_after_restart(cluster, namespace, process_nodes, operator):
+def test_operator_killed_during_recovery_completes_after_restart(cluster, namespace, real_nodes, operator):
     create(cluster, namespace, training_job("opkill", workload={"epochs": 60}))
     wait_step(cluster, namespace, "opkill", 150)
     version = world(cluster, namespace, "opkill")["version"]

@@ -1,9 +1,16 @@
-"""Helpers for end-to-end training jobs on process nodes: manifests, progress, worker logs."""
+"""Helpers for end-to-end training jobs on real nodes: manifests, progress, worker logs.
+
+Jobs run in a namespace that enforces the restricted Pod Security Standard.
+Their workers' logs are followed through the API server while they run
+(hack/podlogs.py), because the kubelet drops a log with its pod and the
+operator deletes failed and replaced workers at once.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -16,14 +23,22 @@ from tests.support.operator import TEST_INSTANCE
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_DIR = Path(os.environ.get("COHORT_CLUSTER_DIR", Path.home() / ".cache/cohort/cluster"))
+LOG_DIR = CLUSTER_DIR / "logs/pods"
+_spec = importlib.util.spec_from_file_location("podlogs", REPO / "hack/podlogs.py")
+assert _spec and _spec.loader
+podlogs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(podlogs)
+FOLLOWERS: list[Any] = []  # stopped after each test (tests/e2e/conftest.py)
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted",
+              "pod-security.kubernetes.io/enforce-version": "latest"}
 
 
 def training_job(name: str, env: dict[str, str] | None = None, **sections: Any) -> dict[str, Any]:
-    """examples/digits.yaml on process nodes, handled by the test operator; ``sections`` override spec sections."""
+    """examples/digits.yaml on real nodes, handled by the test operator; ``sections`` override spec sections."""
     job = yaml.safe_load((REPO / "examples/digits.yaml").read_text())
     job["metadata"] = {"name": name, "labels": {"cohort.dev/operator": TEST_INSTANCE}}
     spec = job["spec"]
-    spec["scheduling"] = {"nodeSelector": {"type": "process"}}
+    spec["scheduling"] = {"nodeSelector": {"cohort.dev/node-kind": "real"}}
     spec["faultTolerance"] = {"backoffSeconds": 1, "maxBackoffSeconds": 4, "belowMinTimeoutSeconds": 120}
     spec["checkpoint"] = {"everySteps": 100, "keep": 2,
                           "volume": {"persistentVolumeClaim": {"claimName": f"{name}-checkpoints"}}}
@@ -39,6 +54,12 @@ def training_job(name: str, env: dict[str, str] | None = None, **sections: Any) 
 
 
 def create(cluster: Cluster, ns: str, job: dict[str, Any]) -> None:
+    """Apply the job (and its checkpoint claim) in a restricted namespace, and follow its workers' logs."""
+    cluster.core.patch_namespace(ns, {"metadata": {"labels": RESTRICTED}})
+    name = job["metadata"]["name"]
+    follower = podlogs.PodLogs(cluster.core, ns, f"cohort.dev/job={name}", LOG_DIR)
+    follower.clear(f"{name}-worker-")
+    FOLLOWERS.append(follower.__enter__())
     claim = job["spec"]["checkpoint"].get("volume", {}).get("persistentVolumeClaim", {}).get("claimName")
     if claim:
         cluster.core.create_namespaced_persistent_volume_claim(ns, {
@@ -73,7 +94,7 @@ def explained(cluster: Cluster, ns: str, name: str):
         pods = [(p.metadata.name, p.status.phase, p.status.pod_ip)
                 for p in cluster.core.list_namespaced_pod(ns, label_selector=f"cohort.dev/job={name}").items]
         tails = []
-        for path in sorted((CLUSTER_DIR / "logs/pods").glob(f"{ns}_{name}-worker-*_trainer.log")):
+        for path in sorted(LOG_DIR.glob(f"{ns}_{name}-worker-*_trainer.log")):
             lines = path.read_text(errors="replace").splitlines()[-6:]
             tails.append(f"--- {path.name}\n" + "\n".join(line[:400] for line in lines))
         raise AssertionError(f"{e}\nstatus: {json.dumps(status)[:3000]}\npods: {pods}\n" + "\n".join(tails)) from e
@@ -82,7 +103,7 @@ def explained(cluster: Cluster, ns: str, name: str):
 def worker_records(ns: str, name: str) -> list[dict[str, Any]]:
     """Every JSON log record of every worker pod the job ever had, with the pod name added."""
     out = []
-    for path in sorted((CLUSTER_DIR / "logs/pods").glob(f"{ns}_{name}-worker-*_trainer.log")):
+    for path in sorted(LOG_DIR.glob(f"{ns}_{name}-worker-*_trainer.log")):
         pod = path.name[len(ns) + 1:].rsplit("_", 1)[0]
         for line in path.read_text(errors="replace").splitlines():
             if line.startswith("{"):
