@@ -5,8 +5,10 @@
   the optional features (the prometheus-operator kinds against minimal
   monitoring.coreos.com CRDs installed for the test and removed after);
 - the rendered operator follows its values (leader election, namespaces, security);
-- a release on process nodes: the operator runs under the chart's
-  ServiceAccount token, takes its Lease, reconciles a job to Succeeded, and
+- a release on real nodes, in a namespace enforcing the restricted standard:
+  the operator runs from the image built here as uid 65532 with a read-only
+  root (read inside its container), under the chart's ServiceAccount token,
+  takes its Lease, reconciles a job to Succeeded, and
   each ServiceAccount (operator, the job's workers) passes its must-allow and
   must-deny SubjectAccessReview checks; then upgrade and uninstall.
 """
@@ -22,9 +24,9 @@ from kubernetes.client.rest import ApiException
 
 from tests.support import helm
 from tests.support.kube import Cluster, wait_for
-from tests.support.operator import free_port
-from tests.support.processnodes import process_nodes  # noqa: F401  (a session fixture)
+from tests.support.operator import kubectl
 from tests.support.prometheus import exported_names
+from tests.support.realnodes import RESTRICTED, real_nodes  # noqa: F401  (a session fixture)
 
 pytestmark = pytest.mark.k8s
 
@@ -210,18 +212,18 @@ def test_templates_pass_server_side_dry_run(cluster, namespace, monitoring_crds,
     assert proc.stdout.count("(server dry run)") == len([d for d in yaml.safe_load_all(rendered) if d])
 
 
-# --- a release on process nodes ----------------------------------------------------------
+# --- a release on real nodes -------------------------------------------------------------
 
 RELEASE = "cohort"
 JOB = "digits"
 
 
 @pytest.fixture(scope="module")
-def release(cluster: Cluster, process_nodes):  # noqa: F811
-    """The chart installed in its own namespace, its operator on a process node (module scope: install once)."""
+def release(cluster: Cluster, real_nodes):  # noqa: F811
+    """The chart installed in its own restricted namespace, its operator on a real node (module scope: install once)."""
     ns = f"helm-release-{uuid.uuid4().hex[:5]}"
-    cluster.core.create_namespace({"metadata": {"name": ns, "labels": {"cohort.dev/test": "true"}}})
-    values = helm.process_node_values(ns, metrics_port=free_port(), health_port=free_port())
+    cluster.core.create_namespace({"metadata": {"name": ns, "labels": {"cohort.dev/test": "true", **RESTRICTED}}})
+    values = helm.real_node_values(ns)
     try:
         helm.install(cluster, RELEASE, ns, values)
         yield {"namespace": ns, "values": values}
@@ -235,17 +237,22 @@ def _digits_job(instance: str) -> dict:
     job["metadata"] = {"name": JOB, "labels": {"cohort.dev/operator": instance}}
     job["spec"]["replicas"] = {"min": 2, "max": 4, "target": 2}
     job["spec"]["workload"]["epochs"] = 10
-    job["spec"]["scheduling"] = {"nodeSelector": {"type": "process"}}
+    job["spec"]["scheduling"] = {"nodeSelector": {"cohort.dev/node-kind": "real"}}
     return job
 
 
 @pytest.mark.e2e
 def test_operator_runs_under_the_chart_service_account_and_reconciles_a_job(cluster, release):
-    ns, values = release["namespace"], release["values"]
+    ns = release["namespace"]
     pod = helm.ready_operator_pod(cluster, ns, RELEASE)
-    # The pod runs as the chart's ServiceAccount, with its token mounted (process nodes strip
-    # KUBECONFIG from pods, and in a pod the operator loads only its service-account token).
+    # The pod runs the built image as the chart's ServiceAccount, with its token mounted (in a pod
+    # the operator loads only its service-account token), as uid 65532 on a read-only root.
     assert pod.spec.service_account_name == "cohort"
+    assert pod.spec.containers[0].image == "cohort-operator:0.1.0"
+    inside = kubectl(cluster, "exec", "-n", ns, pod.metadata.name, "--", "python", "-c",
+                     "import os\ntry:\n    open('/probe', 'w'); print(os.getuid(), 'rw')\n"
+                     "except OSError as e:\n    print(os.getuid(), 'ro' if e.errno == 30 else e)")
+    assert inside.stdout.split() == ["65532", "ro"], inside
     assert any(v.projected and any(s.service_account_token for s in v.projected.sources or [])
                for v in pod.spec.volumes or [])
     # Its requests are authorised as that account: it took the Lease it alone may update ...
@@ -277,7 +284,7 @@ def test_operator_runs_under_the_chart_service_account_and_reconciles_a_job(clus
     # a RoleBinding whose Role does not exist yet, with a 404.)
     log = cluster.core.read_namespaced_pod_log(pod.metadata.name, ns)
     assert "403" not in log and "Forbidden" not in log and "forbidden" not in log, log[-3000:]
-    metrics = helm.http_get(f"http://{pod.status.pod_ip}:{values['operator']['metricsPort']}/metrics")
+    metrics = helm.http_get(f"http://{pod.status.pod_ip}:8080/metrics")
     assert 'cohort_operator_errors_total{where="events"} 0.0' in metrics, log[-3000:]
     assert "cohort_operator_pods_created_total" in exported_names(metrics)
 
@@ -371,10 +378,9 @@ def test_least_privilege_worker_service_account(cluster, release):
 def test_upgrade_hands_over_the_lease_then_uninstall_removes_the_release(cluster, release):
     ns, values = release["namespace"], release["values"]
     old = helm.ready_operator_pod(cluster, ns, RELEASE).metadata.name
-    # New ports: on process nodes pods share the host network, and the old and the new
-    # pod run side by side during the rolling update (the new one as a standby).
+    # The old and the new pod run side by side during the rolling update (the new one as a standby).
     new_values = yaml.safe_load(yaml.safe_dump(values))
-    new_values["operator"].update(metricsPort=free_port(), healthPort=free_port(), resyncSeconds=7)
+    new_values["operator"].update(resyncSeconds=7)
     helm.install(cluster, RELEASE, ns, new_values, upgrade=True)
     status = helm.run([helm.helm_bin(), "status", RELEASE, "-n", ns, "-o", "json"],
                       kubeconfig=cluster.kubeconfig).stdout

@@ -1,8 +1,8 @@
 """Helm and the chart for tests: the pinned helm binary, rendering, a release on
-process nodes, and SubjectAccessReview questions.
+real nodes, and SubjectAccessReview questions.
 
-A release installed with :func:`process_node_values` runs the operator as a
-real pod of the chart's Deployment on a process node, under the chart's
+A release installed with :func:`real_node_values` runs the operator as a
+pod of the chart's Deployment on a real node, under the chart's
 ServiceAccount token (see tests/support/incluster.py), limited to one
 namespace and to TrainingJobs labelled ``cohort.dev/operator=<instance>``, so
 it never competes with a development operator on the shared cluster.
@@ -90,24 +90,22 @@ def find(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> list
     return [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
 
 
-# --- a release on process nodes ---------------------------------------------------
+# --- a release on real nodes -------------------------------------------------------
 
-def process_node_values(namespace: str, *, metrics_port: int, health_port: int) -> dict[str, Any]:
-    """Values that run the chart's operator on a process node, for this namespace and instance only.
+def real_node_values(namespace: str) -> dict[str, Any]:
+    """Values that run the chart's operator on a real node, for this namespace and instance only.
 
-    The chart's own command runs there (process nodes resolve ``cohort-operator``
-    on the host PATH, and the operator finds its service-account token through
-    COHORT_PATH_MAP); ports are free ones (process-node pods share the host's network).
+    The operator pod runs the image built here (cohort-operator:<appVersion>,
+    already on every node) with the chart's own securityContext, command and
+    service-account token, as a user's install does.
     """
     return {
         "crds": {"enabled": False},  # the test session owns the shared CRD
-        "networkPolicy": {"enabled": True},  # the operator then creates one per job (not enforced here: no CNI)
+        "networkPolicy": {"enabled": True},  # the operator then creates one per job (no enforcer here yet)
         "operator": {
-            "nodeSelector": {"type": "process"},
+            "nodeSelector": {"cohort.dev/node-kind": "real"},
             "watchNamespaces": [namespace],
             "instance": namespace,
-            "metricsPort": metrics_port,
-            "healthPort": health_port,
             "resyncSeconds": 5,
             "progressSeconds": 1,
             "httpTimeoutSeconds": 0.5,
