@@ -1,6 +1,7 @@
 """Monitoring end to end: a real Prometheus scrapes the chart's operator and a job's workers.
 
-The chart is installed with its operator on a process node; hack/prometheus.sh's
+The chart is installed with its operator on a real node (in a namespace
+enforcing the restricted standard), and the workers are containers; hack/prometheus.sh's
 Prometheus (Debian's 2.42, with the chart's alert rules) discovers the
 operator pod and the worker pods through the API server. One job trains;
 once Prometheus has seen its three workers, the test deletes one. Then:
@@ -25,8 +26,7 @@ from kubernetes.client.rest import ApiException
 
 from tests.support import helm
 from tests.support.kube import Cluster, wait_for
-from tests.support.operator import free_port, world
-from tests.support.processnodes import process_nodes  # noqa: F401  (a session fixture)
+from tests.support.operator import world
 from tests.support.prometheus import (
     Prometheus,
     dashboard_exprs,
@@ -36,6 +36,7 @@ from tests.support.prometheus import (
     substitute_grafana_variables,
     wait_query,
 )
+from tests.support.realnodes import RESTRICTED, real_nodes  # noqa: F401  (a session fixture)
 
 pytestmark = [pytest.mark.e2e]
 RELEASE = "cohort"
@@ -51,7 +52,7 @@ def _job(instance: str) -> dict:
     spec["checkpoint"] = {"everySteps": 100, "keep": 2}
     spec["faultTolerance"] = {"backoffSeconds": 1}
     spec["stragglers"] = {"policy": "ignore"}
-    spec["scheduling"] = {"nodeSelector": {"type": "process"}}
+    spec["scheduling"] = {"nodeSelector": {"cohort.dev/node-kind": "real"}}
     return job
 
 
@@ -60,17 +61,17 @@ def _by_pod(prom: Prometheus, expr: str, at: float | None = None) -> dict[str, f
 
 
 @pytest.fixture(scope="module")
-def scenario(cluster: Cluster, prometheus: Prometheus, process_nodes):  # noqa: F811
+def scenario(cluster: Cluster, prometheus: Prometheus, real_nodes):  # noqa: F811
     ns = f"monitoring-{uuid.uuid4().hex[:5]}"
-    cluster.core.create_namespace({"metadata": {"name": ns, "labels": {"cohort.dev/test": "true"}}})
-    values = helm.process_node_values(ns, metrics_port=free_port(), health_port=free_port())
+    cluster.core.create_namespace({"metadata": {"name": ns, "labels": {"cohort.dev/test": "true", **RESTRICTED}}})
+    values = helm.real_node_values(ns)
     values["operator"]["leaderElection"] = {"enabled": False}
     prom = prometheus
     timeout_s = 45 + 10 * prom.scrape_interval_s()  # pod discovery, then a few scrapes
     try:
         helm.install(cluster, RELEASE, ns, values)
         op = helm.ready_operator_pod(cluster, ns, RELEASE)
-        op_url = f"http://{op.status.pod_ip}:{values['operator']['metricsPort']}/metrics"
+        op_url = f"http://{op.status.pod_ip}:8080/metrics"
         t_start = time.time()
         cluster.create_job(ns, _job(ns))
         members = wait_for(lambda: len(m := world(cluster, ns, JOB)["members"]) == 3 and m, 90, 0.5,
