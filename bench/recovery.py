@@ -12,7 +12,7 @@ step under both systems:
   restarted, re-imports torch, re-rendezvouses and reloads the newest
   checkpoint, taken every K steps.
 - Cohort on the local Kubernetes cluster (unless --no-cluster): the real
-  operator on process nodes, with one spare that the operator promotes into
+  operator on real nodes (containers), with one spare that the operator promotes into
   the next world as soon as the killed pod is reported failed.
 Recovery time is from the kill to the first completed step of the new world;
 steps lost are the completed steps that must be computed again.
@@ -68,8 +68,15 @@ def cohort_once(tmp: Path, workers: int, kill_step: int, steps: int) -> tuple[fl
 
 
 def cluster_once(kill_step: int, steps: int, run: int) -> tuple[float, int]:
-    """One job on the local cluster (cluster, process nodes and operator started by hack/ scripts)."""
+    """One job on the local cluster's real nodes (cluster and operator started by hack/ scripts)."""
+    import importlib.util
+
     from kubernetes import client, config
+
+    spec = importlib.util.spec_from_file_location("podlogs", REPO / "hack/podlogs.py")
+    assert spec and spec.loader
+    podlogs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(podlogs)
 
     env = {**os.environ, "COHORT_OPERATOR_ARGS": os.environ.get(
         "COHORT_OPERATOR_ARGS", "--namespace cohort-demo --namespace cohort-bench --progress-seconds 1 "
@@ -77,13 +84,13 @@ def cluster_once(kill_step: int, steps: int, run: int) -> tuple[float, int]:
     kubeconfig = subprocess.run([str(REPO / "hack/cluster.sh"), "up"], check=True, capture_output=True,
                                 text=True, env=env).stdout.strip().splitlines()[-1]
     env["KUBECONFIG"] = kubeconfig
-    for script in ("processnodes.sh", "operator.sh"):
-        subprocess.run([str(REPO / "hack" / script), "up"], check=True, capture_output=True, env=env)
+    subprocess.run([str(REPO / "hack/operator.sh"), "up"], check=True, capture_output=True, env=env)
     api = config.new_client_from_config(kubeconfig)
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     ns, name = "cohort-bench", f"recovery-{run}-{int(time.time())}"
     try:
-        core.create_namespace({"metadata": {"name": ns}})
+        core.create_namespace({"metadata": {"name": ns, "labels": {
+            "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"}}})
     except client.ApiException as e:
         if e.status != 409:
             raise
@@ -94,17 +101,20 @@ def cluster_once(kill_step: int, steps: int, run: int) -> tuple[float, int]:
     job["spec"]["checkpoint"] = {"everySteps": 0}
     job["spec"]["podTemplate"] = {"spec": {"containers": [{"name": "trainer", "env": [
         {"name": "COHORT_FAULT_KILL", "value": f"rank=2,step={kill_step}"}]}]}}
-    custom.create_namespaced_custom_object("cohort.dev", "v1alpha1", ns, "trainingjobs", job)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        phase = custom.get_namespaced_custom_object("cohort.dev", "v1alpha1", ns, "trainingjobs", name) \
-            .get("status", {}).get("phase")
-        if phase in ("Succeeded", "Failed"):
-            break
-        time.sleep(1)
+    logs = Path(os.environ.get("COHORT_CLUSTER_DIR", Path.home() / ".cache/cohort/cluster")) / "logs/pods"
+    # The killed worker's pod is deleted at once: follow the logs while the job runs.
+    with podlogs.PodLogs(core, ns, f"cohort.dev/job={name}", logs):
+        custom.create_namespaced_custom_object("cohort.dev", "v1alpha1", ns, "trainingjobs", job)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            phase = custom.get_namespaced_custom_object("cohort.dev", "v1alpha1", ns, "trainingjobs", name) \
+                .get("status", {}).get("phase")
+            if phase in ("Succeeded", "Failed"):
+                break
+            time.sleep(1)
+        time.sleep(2)  # the last lines of the logs
     assert phase == "Succeeded", f"{ns}/{name} ended {phase}"
     records = []
-    logs = Path(os.environ.get("COHORT_CLUSTER_DIR", Path.home() / ".cache/cohort/cluster")) / "logs/pods"
     for path in logs.glob(f"{ns}_{name}-worker-*_trainer.log"):
         records += [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
     t_kill = next(r["t"] for r in records if r["msg"] == "fault injection: SIGKILL self")
@@ -155,7 +165,8 @@ def main() -> None:
     print(f"| mean | {ct:.3f} | {statistics.mean(r[2] for r in rows):.1f} | {tt:.3f} | "
           f"{statistics.mean(r[4] for r in rows):.1f} | **{ct / tt:.3f}** |")
     if cluster_rows:
-        print("\nOn the local Kubernetes cluster (operator, process nodes, 4 workers + 1 spare promoted at once):")
+        print("\nOn the local Kubernetes cluster (operator, real nodes: containers, 4 workers + 1 spare "
+              "promoted at once):")
         print("| kill at step | recovery, kill -> first step of the new world (s) | steps lost |")
         print("|---|---|---|")
         for s, secs, lost in cluster_rows:
