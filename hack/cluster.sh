@@ -32,7 +32,7 @@ KWOK_BIN="$BIN_CACHE/kwok-$KWOK_VERSION/kwok"
 PKI="$CLUSTER_DIR/pki" LOGS="$CLUSTER_DIR/logs" PIDS="$CLUSTER_DIR/pids"
 KUBECONFIG_PATH="$CLUSTER_DIR/kubeconfig"
 KUBECTL=("$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_PATH")
-# Start order; `down` stops in reverse. Other hack/ tools (process nodes,
+# Start order; `down` stops in reverse. Other hack/ tools (real nodes,
 # Prometheus, a dev operator) add their own pid files to $PIDS.
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 

@@ -81,9 +81,8 @@ write_discovery() {  # the file_sd discovery process (Python, project venv)
 """file_sd targets for the local Prometheus, from pod watches (written by hack/prometheus.sh).
 
 Each kind of target is a label selector; a pod is a target while it is
-Running with an IP of the real nodes' pod network (10.88.0.0/16) or a loopback
-one (a process-node pod) -- kwok pods have no process behind their address --
-and has a container port named "metrics". Every change
+Running with an IP of the real nodes' pod network (10.88.0.0/16) -- kwok pods
+have no process behind their address -- and has a container port named "metrics". Every change
 rewrites <dir>/<kind>.json atomically; Prometheus picks it up at once.
 """
 import json, os, sys, threading, time
@@ -98,7 +97,7 @@ lock = threading.Lock()
 
 def target(pod):
     ip = pod.status.pod_ip or ""
-    if pod.status.phase != "Running" or not ip.startswith(("127.", "10.88.")) or pod.metadata.deletion_timestamp:
+    if pod.status.phase != "Running" or not ip.startswith("10.88.") or pod.metadata.deletion_timestamp:
         return None
     for c in pod.spec.containers:
         for port in c.ports or []:

@@ -77,6 +77,6 @@ def test_a_member_that_never_arrives_times_everyone_out():
 
 
 def test_gloo_options_bind_the_given_address():
-    """The private torch API that binds gloo to the pod IP (process nodes share one network namespace)."""
+    """The private torch API that binds gloo to the pod IP (local workers share one network namespace)."""
     opts = gloo_options_bound_to("127.0.0.1")
     assert len(opts._devices) == 1

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import ssl
 from typing import Any
 
@@ -40,21 +39,12 @@ class ApiError(Exception):
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
-def service_account_dir() -> str:
-    """The pod's service-account directory. A runtime without mount namespaces (the
-    process-node kubelet in hack/) writes it elsewhere and says where in
-    COHORT_PATH_MAP (docs/contracts.md §2), as it does for the trainer."""
-    mapping = json.loads(os.environ.get("COHORT_PATH_MAP") or "{}")
-    return str(mapping.get(SERVICE_ACCOUNT_DIR, SERVICE_ACCOUNT_DIR))
-
-
 def load_configuration() -> k8s_client.Configuration:
     """In a pod: its service-account token (never a kubeconfig). Elsewhere: the kubeconfig."""
     cfg = k8s_client.Configuration()
-    sa = service_account_dir()
     try:
-        loader = incluster_config.InClusterConfigLoader(token_filename=os.path.join(sa, "token"),
-                                                        cert_filename=os.path.join(sa, "ca.crt"))
+        loader = incluster_config.InClusterConfigLoader(token_filename=f"{SERVICE_ACCOUNT_DIR}/token",
+                                                        cert_filename=f"{SERVICE_ACCOUNT_DIR}/ca.crt")
         loader.load_and_set(cfg)
     except k8s_config.ConfigException:
         k8s_config.load_kube_config(client_configuration=cfg)

@@ -227,7 +227,7 @@ def load_manifest(path: str | os.PathLike[str]) -> JobConfig:
 
 
 def map_path(path: str) -> str:
-    """Apply COHORT_PATH_MAP (set by the process-node kubelet; docs/contracts.md §2)."""
+    """Apply COHORT_PATH_MAP (set by the local launcher, `cohort run --local`; docs/contracts.md §2)."""
     mapping = json.loads(os.environ.get("COHORT_PATH_MAP", "{}") or "{}")
     for src in sorted(mapping, key=len, reverse=True):
         if path == src or path.startswith(src.rstrip("/") + "/"):

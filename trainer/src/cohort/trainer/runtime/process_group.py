@@ -1,8 +1,8 @@
 """Forming and tearing down the process group of one world version, in-process.
 
 Rank 0 of a world hosts a TCPStore on its own IP (bound through a socket we
-create, so several pods sharing a host's network, as process nodes do, never
-collide). Each version rendezvouses under ``PrefixStore("v<N>")``. Joining is
+create, so several workers sharing a host's network, as `cohort run --local`'s
+do, never collide). Each version rendezvouses under ``PrefixStore("v<N>")``. Joining is
 interruptible: while waiting for peers, a newer published world abandons the
 attempt instead of blocking until the timeout.
 """
