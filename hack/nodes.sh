@@ -49,6 +49,19 @@ SERVICE_CIDR=10.96.0.0/16
 CNI_BIN=/usr/lib/cni
 CGROUP_CONTROLLERS=(cpu cpuacct cpuset memory pids blkio devices freezer systemd)
 
+# Bridges, iptables chains and $RUN_DIR are the machine's: one cluster at a
+# time may have real nodes. The owner file names its cluster directory.
+OWNER="/run/cohort-nodes.owner"
+
+owner() { cat "$OWNER" 2>/dev/null || true; }
+
+mine() {  # 0 if no other cluster's real nodes run here
+  local o; o=$(owner)
+  [[ -z $o || $o == "$CLUSTER_DIR" ]] && return 0
+  # The other cluster's kubelets are gone: its nodes are leftovers we may clean.
+  ! ls "$o"/pids/kubelet-*.pid >/dev/null 2>&1 || ! kill -0 $(cat "$o"/pids/kubelet-*.pid) 2>/dev/null
+}
+
 node_name() { echo "cohort-node-$1"; }
 node_ip() { echo "10.88.$1.1"; }
 sock_of() { echo "$RUN_DIR/node-$1/containerd.sock"; }
@@ -57,6 +70,8 @@ sock_of() { echo "$RUN_DIR/node-$1/containerd.sock"; }
 
 net_up() {
   [[ $(id -u) == 0 ]] || die "real nodes need root (network namespaces, cgroups, mounts)"
+  mine || die "the real nodes of the cluster in $(owner) run on this machine: stop it first (its hack/cluster.sh down), or start this one with COHORT_REAL_NODES=0"
+  echo "$CLUSTER_DIR" > "$OWNER"
   "$HACK_DIR/host-packages.sh"
   mkdir -p "$CLUSTER_DIR"
   [[ -f $CLUSTER_DIR/host-sysctls ]] || sysctl -n net.ipv4.ip_forward vm.overcommit_memory kernel.panic \
@@ -294,6 +309,7 @@ images() {  # build what changed, import it into every running node
 up() {
   if healthy; then log "reusing $N real nodes"; images; return 0; fi
   "$HACK_DIR/build-binaries.sh" >&2
+  mine || die "the real nodes of the cluster in $(owner) run on this machine: stop it first (its hack/cluster.sh down), or start this one with COHORT_REAL_NODES=0"
   stop_nodes >/dev/null 2>&1 || true
   net_up
   mkdir -p "$LOGS" "$PIDS" "$NODES_DIR"
@@ -436,8 +452,10 @@ stop_nodes() {  # every pod, container, process, cgroup and mount of the nodes (
 }
 
 down() {
+  if ! mine; then log "the real nodes belong to the cluster in $(owner): left alone"; return 0; fi
   stop_nodes
   net_down
+  rm -f "$OWNER"
 }
 
 case ${1:-} in

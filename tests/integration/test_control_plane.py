@@ -100,7 +100,8 @@ def _free_port() -> int:
 
 
 def _second_cluster_env(tmp_path: Path) -> dict[str, str]:
-    base = {"COHORT_CLUSTER_DIR": str(tmp_path / "cluster")}
+    # The control plane alone: real nodes are one cluster's per machine (the session's).
+    base = {"COHORT_CLUSTER_DIR": str(tmp_path / "cluster"), "COHORT_REAL_NODES": "0"}
     for var in ("APISERVER", "ETCD", "KCM", "SCHEDULER", "KWOK"):
         base[f"COHORT_{var}_PORT"] = str(_free_port())
     # etcd uses port+1 for peers: pick a pair that is free.
