@@ -27,7 +27,6 @@ class PodLogs:
         self._stop = threading.Event()
         self._following: set[str] = set()
         self.nodes: dict[str, str] = {}  # pod -> the node it ran on
-        self._threads: list[threading.Thread] = []
 
     def clear(self, prefix: str) -> None:
         """Remove logs left by an earlier run of pods named ``prefix*``."""
@@ -38,9 +37,7 @@ class PodLogs:
         return self.directory / f"{self.namespace}_{pod}_{self.container}.log"
 
     def __enter__(self) -> PodLogs:
-        t = threading.Thread(target=self._watch, name="podlogs-watch", daemon=True)
-        t.start()
-        self._threads.append(t)
+        threading.Thread(target=self._watch, name="podlogs-watch", daemon=True).start()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -59,9 +56,7 @@ class PodLogs:
                                   for s in pod.status.container_statuses or [])
                     if started and pod.metadata.name not in self._following:
                         self._following.add(pod.metadata.name)
-                        t = threading.Thread(target=self._follow, args=(pod.metadata.name,), daemon=True)
-                        t.start()
-                        self._threads.append(t)
+                        threading.Thread(target=self._follow, args=(pod.metadata.name,), daemon=True).start()
                     if self._stop.is_set():
                         break
             except (ApiException, OSError, ValueError):

@@ -20,6 +20,7 @@ import yaml
 
 from tests.support.kube import Cluster, wait_for
 from tests.support.operator import TEST_INSTANCE
+from tests.support.realnodes import restrict
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_DIR = Path(os.environ.get("COHORT_CLUSTER_DIR", Path.home() / ".cache/cohort/cluster"))
@@ -29,8 +30,6 @@ assert _spec and _spec.loader
 podlogs = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(podlogs)
 FOLLOWERS: list[Any] = []  # stopped after each test (tests/e2e/conftest.py)
-RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted",
-              "pod-security.kubernetes.io/enforce-version": "latest"}
 
 
 def training_job(name: str, env: dict[str, str] | None = None, **sections: Any) -> dict[str, Any]:
@@ -55,7 +54,7 @@ def training_job(name: str, env: dict[str, str] | None = None, **sections: Any) 
 
 def create(cluster: Cluster, ns: str, job: dict[str, Any]) -> None:
     """Apply the job (and its checkpoint claim) in a restricted namespace, and follow its workers' logs."""
-    cluster.core.patch_namespace(ns, {"metadata": {"labels": RESTRICTED}})
+    restrict(cluster, ns)
     name = job["metadata"]["name"]
     follower = podlogs.PodLogs(cluster.core, ns, f"cohort.dev/job={name}", LOG_DIR)
     follower.clear(f"{name}-worker-")
