@@ -12,6 +12,9 @@
 #   containerd: containerd, its runc v2 shim and ctr via go install (real nodes)
 #   crictl:     the CRI client (cri-tools) via go install (real nodes)
 #   local-path-provisioner: PersistentVolumes on real nodes, via go install
+#   kube-router: the NetworkPolicy enforcer of the real nodes, via go install
+#   prometheus: prometheus + promtool via go install, with only the Kubernetes
+#               service discovery compiled in (Prometheus's own build tags)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
@@ -122,12 +125,19 @@ build_go_install() {  # name version binaries... -- packages...
   [[ $ok == 1 ]] && return 0
   log "building $name $version"
   local tmp; tmp=$(mktemp -d "$BIN_CACHE/.$name.XXXX")
-  local ld="-s -w"
+  local ld="-s -w" tags=""
   [[ $name == helm ]] && ld+=" -X helm.sh/helm/v3/internal/version.version=$version"
   [[ $name == crictl ]] && ld+=" -X sigs.k8s.io/cri-tools/pkg/version.Version=$version"
   [[ $name == containerd ]] && ld+=" -X github.com/containerd/containerd/v2/version.Version=$version"
   [[ $name == kwok ]] && ld+=" -X sigs.k8s.io/kwok/pkg/consts.Version=$version -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=$K8S_VERSION"
-  GOBIN="$tmp" go install -trimpath -ldflags "$ld" "${pkgs[@]/%/@$version}"
+  [[ $name == kube-router ]] && ld+=" -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$version"
+  if [[ $name == prometheus ]]; then
+    local v=${version#v0.}  # the module's v0.MMMPP.x is Prometheus M.PP.x
+    v="$((${v%%.*} / 100)).$((10#${v%%.*} % 100)).${v#*.}"
+    ld+=" -X github.com/prometheus/common/version.Version=$v"
+    tags=remove_all_sd,enable_kubernetes_sd
+  fi
+  GOBIN="$tmp" go install -trimpath -tags "$tags" -ldflags "$ld" "${pkgs[@]/%/@$version}"
   rm -rf "$out"; mv "$tmp" "$out"
 }
 
@@ -143,7 +153,11 @@ case $want in
   all|crictl) build_go_install crictl "$CRICTL_VERSION" crictl -- sigs.k8s.io/cri-tools/cmd/crictl ;;&
   all|local-path-provisioner) build_go_install local-path-provisioner "$LOCAL_PATH_PROVISIONER_VERSION" \
     local-path-provisioner -- github.com/rancher/local-path-provisioner ;;&
-  all|kubernetes|etcd|kwok|helm|containerd|crictl|local-path-provisioner) ;;
-  *) die "unknown component '$want' (all|kubernetes|etcd|kwok|helm|containerd|crictl|local-path-provisioner)" ;;
+  all|kube-router) build_go_install kube-router "$KUBE_ROUTER_VERSION" kube-router -- \
+    github.com/cloudnativelabs/kube-router/v2/cmd/kube-router ;;&
+  all|prometheus) build_go_install prometheus "$PROMETHEUS_VERSION" prometheus promtool -- \
+    github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool ;;&
+  all|kubernetes|etcd|kwok|helm|containerd|crictl|local-path-provisioner|kube-router|prometheus) ;;
+  *) die "unknown component '$want' (all|kubernetes|etcd|kwok|helm|containerd|crictl|local-path-provisioner|kube-router|prometheus)" ;;
 esac
 log "binaries ready under $BIN_CACHE"

@@ -77,46 +77,15 @@ gen_pki() {
   openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 3650 -subj "/CN=cohort-local-ca" 2>/dev/null
   openssl genrsa -out sa.key 2048 2>/dev/null
   openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
-  cert() {  # name subject [san]
-    openssl req -newkey rsa:2048 -nodes -keyout "$1.key" -out "$1.csr" -subj "$2" 2>/dev/null
-    local ext; ext=$(mktemp)
-    printf 'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n' > "$ext"
-    [[ -n ${3:-} ]] && echo "subjectAltName=$3" >> "$ext"
-    openssl x509 -req -in "$1.csr" -CA ca.crt -CAkey ca.key -CAcreateserial -out "$1.crt" -days 3650 -extfile "$ext" 2>/dev/null
-    rm -f "$1.csr" "$ext"
-  }
-  cert apiserver "/CN=kube-apiserver" \
+  sign_cert apiserver "/CN=kube-apiserver" \
     "IP:127.0.0.1,IP:10.96.0.1,IP:$API_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
-  cert admin "/O=system:masters/CN=cohort-admin"
-  cert controller-manager "/CN=system:kube-controller-manager"
-  cert scheduler "/CN=system:kube-scheduler"
-  cert kwok "/O=system:masters/CN=kwok-controller"
-  cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
+  sign_cert admin "/O=system:masters/CN=cohort-admin"
+  sign_cert controller-manager "/CN=system:kube-controller-manager"
+  sign_cert scheduler "/CN=system:kube-scheduler"
+  sign_cert kwok "/O=system:masters/CN=kwok-controller"
+  sign_cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
   touch done
   cd - >/dev/null
-}
-
-write_kubeconfig() {  # out user
-  local b64="base64 -w0"
-  cat > "$1" <<KC
-apiVersion: v1
-kind: Config
-clusters:
-- name: cohort-local
-  cluster:
-    server: https://127.0.0.1:$APISERVER_PORT
-    certificate-authority-data: $($b64 < "$PKI/ca.crt")
-users:
-- name: $2
-  user:
-    client-certificate-data: $($b64 < "$PKI/$2.crt")
-    client-key-data: $($b64 < "$PKI/$2.key")
-contexts:
-- name: cohort-local
-  context: {cluster: cohort-local, user: $2}
-current-context: cohort-local
-KC
-  chmod 600 "$1"
 }
 
 create_kwok_nodes() {

@@ -1,5 +1,6 @@
 # Shared shell helpers for hack/ scripts. Sourced, never executed.
-# Owns: where caches live, pinned versions, and log/fail helpers.
+# Owns: where caches live, pinned versions, log/fail helpers, recorded background
+# processes, and the local cluster's client certificates and kubeconfigs.
 set -euo pipefail
 HACK_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(cd "$HACK_DIR/.." && pwd)
@@ -45,4 +46,40 @@ stop_pidfile() {  # pidfile [grace_s]: TERM, wait, then KILL; by PID only
     log "stopped $(basename "$f" .pid) (pid $pid)"
   fi
   rm -f "$f" "$f.cmd"
+}
+
+# --- the local cluster's certificates and kubeconfigs ------------------------------
+# $PKI is the cluster's pki dir (ca.crt, ca.key: hack/cluster.sh makes them).
+
+sign_cert() {  # name subject [san]: $PKI/<name>.key and a certificate signed by the cluster CA
+  local ext; ext=$(mktemp)
+  openssl req -newkey rsa:2048 -nodes -keyout "$PKI/$1.key" -out "$PKI/$1.csr" -subj "$2" 2>/dev/null
+  printf 'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n' > "$ext"
+  [[ -n ${3:-} ]] && echo "subjectAltName=$3" >> "$ext"
+  openssl x509 -req -in "$PKI/$1.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
+    -out "$PKI/$1.crt" -days 3650 -extfile "$ext" 2>/dev/null
+  rm -f "$PKI/$1.csr" "$ext"
+}
+
+write_kubeconfig() {  # out user: a kubeconfig for the local API server, as <user> ($PKI/<user>.crt)
+  local b64="base64 -w0"
+  cat > "$1" <<KC
+apiVersion: v1
+kind: Config
+clusters:
+- name: cohort-local
+  cluster:
+    server: https://127.0.0.1:${COHORT_APISERVER_PORT:-16443}
+    certificate-authority-data: $($b64 < "$PKI/ca.crt")
+users:
+- name: $2
+  user:
+    client-certificate-data: $($b64 < "$PKI/$2.crt")
+    client-key-data: $($b64 < "$PKI/$2.key")
+contexts:
+- name: cohort-local
+  context: {cluster: cohort-local, user: $2}
+current-context: cohort-local
+KC
+  chmod 600 "$1"
 }

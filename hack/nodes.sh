@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Real nodes for the local cluster: per node a kubelet with its own containerd
-# (runc, CNI bridge), plus one kube-proxy for the host's network namespace.
+# (runc, CNI bridge), plus one kube-proxy and one NetworkPolicy enforcer
+# (kube-router's firewall controller) for the host's network namespace.
 # hack/cluster.sh calls this; see docs/local-cluster.md.
 #
 #   hack/nodes.sh net-up    host network for pods (before the API server starts)
@@ -9,11 +10,22 @@
 #   hack/nodes.sh status    exit 0 if every node's processes are alive
 #   hack/nodes.sh images    build the images that changed and import them into every node
 #
-# Node i is `cohort-node-i`: pods get 10.88.i.0/24 on the bridge cohort-br<i>,
-# whose gateway 10.88.i.1 is also the node's InternalIP. The API server is
-# advertised to pods at 10.87.0.1 (on cohort-api, a bridge with no ports), which is
-# what the `kubernetes` Service points at. Nothing is routed off this machine:
-# forwarded pod traffic may only go to another cohort bridge.
+# Node i is `cohort-node-i`: pods get 10.88.i.0/24 on the bridge cohort-br<i>
+# (gateway 10.88.i.1). The API server is advertised to pods at 10.87.0.1 (on
+# cohort-api, a bridge with no ports), which is what the `kubernetes` Service
+# points at. Every node is this machine, so every node's InternalIP is that
+# same address (the kubelets differ by port); one enforcer then sees every
+# real node's pods as its own. Nothing is routed off this machine: forwarded
+# pod traffic may only go to another cohort bridge.
+#
+# NetworkPolicy is enforced by kube-router (hack/versions.env) with only its firewall
+# controller on (iptables + ipset; no service proxy, BGP router or CNI): it
+# keeps a chain per pod that policies select, and rejects what none admits.
+# Like most enforcers it admits traffic from the node itself (addrtype LOCAL):
+# kubelet probes, and here the host-run Prometheus and development operator.
+# It runs as its own identity (cohort:kube-router), which may only read pods,
+# namespaces, nodes, services, endpoints and NetworkPolicies. (kube-network-policies would be the
+# smaller choice, but it needs the nftables queue, which this kernel lacks.)
 #
 # Security is a real cluster's: each kubelet has its own client certificate
 # (system:node:<name>, so the Node authorizer and NodeRestriction apply),
@@ -41,6 +53,7 @@ K8S_BIN="$BIN_CACHE/kubernetes-$K8S_VERSION"
 CTRD_BIN="$BIN_CACHE/containerd-$CONTAINERD_VERSION"
 CRICTL="$BIN_CACHE/crictl-$CRICTL_VERSION/crictl"
 LPP="$BIN_CACHE/local-path-provisioner-$LOCAL_PATH_PROVISIONER_VERSION/local-path-provisioner"
+KUBE_ROUTER="$BIN_CACHE/kube-router-$KUBE_ROUTER_VERSION/kube-router"
 VOLUMES="$CLUSTER_DIR/volumes"
 KUBECTL=("$K8S_BIN/kubectl" --kubeconfig "$CLUSTER_DIR/kubeconfig")
 API_IP=10.87.0.1
@@ -63,7 +76,8 @@ mine() {  # 0 if no other cluster's real nodes run here
 }
 
 node_name() { echo "cohort-node-$1"; }
-node_ip() { echo "10.88.$1.1"; }
+gateway_ip() { echo "10.88.$1.1"; }  # node i's bridge address
+NODE_IP=$API_IP  # every node's InternalIP (see above)
 sock_of() { echo "$RUN_DIR/node-$1/containerd.sock"; }
 
 # --- host network --------------------------------------------------------------
@@ -83,7 +97,7 @@ net_up() {
   local i
   for ((i = 0; i < N; i++)); do
     ip link show "cohort-br$i" >/dev/null 2>&1 || ip link add "cohort-br$i" type bridge
-    ip addr replace "$(node_ip "$i")/24" dev "cohort-br$i"
+    ip addr replace "$(gateway_ip "$i")/24" dev "cohort-br$i"
     ip link set "cohort-br$i" up
   done
   sysctl -qw net.ipv4.ip_forward=1
@@ -113,7 +127,7 @@ net_down() {
     iptables -F "${c#*:}" 2>/dev/null || true
     iptables -X "${c#*:}" 2>/dev/null || true
   done
-  # The kubelets' and kube-proxy's chains (they leave them behind): unhook them
+  # The kubelets', kube-proxy's and kube-router's chains (they leave them behind): unhook them
   # from the built-in chains, then flush all, then delete all.
   local t chain rule chains
   for t in filter nat mangle; do
@@ -124,6 +138,9 @@ net_down() {
     for chain in $chains; do iptables -t "$t" -F "$chain" 2>/dev/null || true; done
     for chain in $chains; do iptables -t "$t" -X "$chain" 2>/dev/null || true; done
   done
+  # kube-router's ipsets (named KUBE-*), once no rule refers to them.
+  local set
+  for set in $(ipset list -n 2>/dev/null | grep '^KUBE-' || true); do ipset destroy "$set" 2>/dev/null || true; done
   if [[ -f $CLUSTER_DIR/host-sysctls ]]; then
     read -r fwd ovc panic oops < "$CLUSTER_DIR/host-sysctls"
     sysctl -qw net.ipv4.ip_forward="$fwd" vm.overcommit_memory="$ovc" kernel.panic="$panic" \
@@ -134,41 +151,13 @@ net_down() {
 
 # --- certificates and configs --------------------------------------------------
 
-sign() {  # name subject [san] : a key and a cert signed by the cluster CA, in $PKI
-  local ext; ext=$(mktemp)
-  openssl req -newkey rsa:2048 -nodes -keyout "$PKI/$1.key" -out "$PKI/$1.csr" -subj "$2" 2>/dev/null
-  printf 'basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n' > "$ext"
-  [[ -n ${3:-} ]] && echo "subjectAltName=$3" >> "$ext"
-  openssl x509 -req -in "$PKI/$1.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial \
-    -out "$PKI/$1.crt" -days 3650 -extfile "$ext" 2>/dev/null
-  rm -f "$PKI/$1.csr" "$ext"
-}
-
-kubeconfig_for() {  # user out
-  local b64="base64 -w0"
-  cat > "$2" <<KC
-apiVersion: v1
-kind: Config
-clusters:
-- name: cohort-local
-  cluster: {server: "https://127.0.0.1:${COHORT_APISERVER_PORT:-16443}", certificate-authority-data: $($b64 < "$PKI/ca.crt")}
-users:
-- name: $1
-  user: {client-certificate-data: $($b64 < "$PKI/$1.crt"), client-key-data: $($b64 < "$PKI/$1.key")}
-contexts:
-- name: cohort-local
-  context: {cluster: cohort-local, user: $1}
-current-context: cohort-local
-KC
-  chmod 600 "$2"
-}
-
 write_node_files() {  # i
   local i=$1 name dir ip port
-  name=$(node_name "$i"); dir="$NODES_DIR/$name"; ip=$(node_ip "$i"); port=$((KUBELET_PORT + i))
+  name=$(node_name "$i"); dir="$NODES_DIR/$name"; ip=$(gateway_ip "$i"); port=$((KUBELET_PORT + i))
   mkdir -p "$dir"/{kubelet,pod-logs,cni/net.d,cni/ipam} "$RUN_DIR/node-$i" "$CTRD_ROOTS/$name"
-  [[ -f $PKI/$name.crt ]] || sign "$name" "/O=system:nodes/CN=system:node:$name" "DNS:$name,IP:$ip"
-  kubeconfig_for "$name" "$dir/kubeconfig"
+  openssl x509 -noout -ext subjectAltName -in "$PKI/$name.crt" 2>/dev/null | grep -q "IP Address:$NODE_IP\b" \
+    || sign_cert "$name" "/O=system:nodes/CN=system:node:$name" "DNS:$name,IP:$NODE_IP"
+  write_kubeconfig "$dir/kubeconfig" "$name"
   cat > "$dir/cni/net.d/10-cohort.conflist" <<JSON
 {
   "cniVersion": "1.0.0",
@@ -218,7 +207,7 @@ TOML
   cat > "$dir/kubelet.yaml" <<YAML
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: "$ip"
+address: "$NODE_IP"
 port: $port
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -295,6 +284,7 @@ wait_until() {  # what timeout_s pidfile command...
 healthy() {
   local i
   pid_alive "$PIDS/kube-proxy.pid" && pid_alive "$PIDS/local-path-provisioner.pid" || return 1
+  pid_alive "$PIDS/kube-router.pid" || return 1
   for ((i = 0; i < N; i++)); do
     pid_alive "$PIDS/containerd-$i.pid" && pid_alive "$PIDS/kubelet-$i.pid" || return 1
   done
@@ -326,14 +316,14 @@ up() {
   images
   for ((i = 0; i < N; i++)); do
     name=$(node_name "$i")
-    log "starting kubelet $K8S_VERSION as $name ($(node_ip "$i"):$((KUBELET_PORT + i)))"
+    log "starting kubelet $K8S_VERSION as $name ($NODE_IP:$((KUBELET_PORT + i)))"
     start "kubelet-$i" "$K8S_BIN/kubelet" --config "$NODES_DIR/$name/kubelet.yaml" \
       --kubeconfig "$NODES_DIR/$name/kubeconfig" --root-dir "$NODES_DIR/$name/kubelet" \
-      --cert-dir "$NODES_DIR/$name/kubelet/pki" --hostname-override "$name" --node-ip "$(node_ip "$i")" \
+      --cert-dir "$NODES_DIR/$name/kubelet/pki" --hostname-override "$name" --node-ip "$NODE_IP" \
       --node-labels "cohort.dev/node-kind=real"
   done
-  [[ -f $PKI/kube-proxy.crt ]] || sign kube-proxy "/CN=system:kube-proxy"
-  kubeconfig_for kube-proxy "$NODES_DIR/kube-proxy.kubeconfig"
+  [[ -f $PKI/kube-proxy.crt ]] || sign_cert kube-proxy "/CN=system:kube-proxy"
+  write_kubeconfig "$NODES_DIR/kube-proxy.kubeconfig" kube-proxy
   log "starting kube-proxy (iptables mode; one for the host's network namespace)"
   start kube-proxy "$K8S_BIN/kube-proxy" --kubeconfig "$NODES_DIR/kube-proxy.kubeconfig" \
     --hostname-override "$(node_name 0)" --cluster-cidr "$POD_CIDR" --proxy-mode iptables \
@@ -344,9 +334,46 @@ up() {
       "${KUBECTL[@]}" wait --for=condition=Ready "node/$(node_name "$i")" --timeout=1s
   done
   wait_until kube-proxy 30 "$PIDS/kube-proxy.pid" curl -sf http://127.0.0.1:10256/healthz
+  start_network_policy
   start_provisioner
   log "$N real nodes Ready in $((SECONDS - t0))s"
 }
+
+start_network_policy() {
+  [[ -f $PKI/kube-router.crt ]] || sign_cert kube-router "/CN=cohort:kube-router"
+  write_kubeconfig "$NODES_DIR/kube-router.kubeconfig" kube-router
+  "${KUBECTL[@]}" apply -f - >/dev/null <<YAML
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "cohort:kube-router"}
+rules:
+- apiGroups: [""]
+  resources: [pods, namespaces, nodes, services, endpoints]
+  verbs: [get, list, watch]
+- apiGroups: [discovery.k8s.io]  # it watches Services even with its service proxy off
+  resources: [endpointslices]
+  verbs: [get, list, watch]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "cohort:kube-router"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "cohort:kube-router"}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: "cohort:kube-router"}
+YAML
+  log "starting kube-router $KUBE_ROUTER_VERSION (NetworkPolicy only: iptables + ipset)"
+  start kube-router "$KUBE_ROUTER" --kubeconfig "$NODES_DIR/kube-router.kubeconfig" \
+    --hostname-override "$(node_name 0)" --run-firewall=true --run-router=false --run-service-proxy=false \
+    --run-loadbalancer=false --enable-cni=false --enable-ipv4=true --enable-ipv6=false \
+    --service-cluster-ip-range "$SERVICE_CIDR" --health-port 0 --metrics-port 0
+  # Ready once its forward chain is hooked in: policies apply from then on.
+  wait_until kube-router 60 "$PIDS/kube-router.pid" netpol_hooked
+}
+
+netpol_hooked() { iptables -S FORWARD | grep -q -- '-j KUBE-ROUTER-FORWARD'; }
 
 start_provisioner() {
   local ns=local-path-storage dir="$NODES_DIR/local-path"
@@ -430,6 +457,7 @@ stop_nodes() {  # every pod, container, process, cgroup and mount of the nodes (
     stop_pidfile "$PIDS/containerd-$i.pid"
   done
   stop_pidfile "$PIDS/kube-proxy.pid"
+  stop_pidfile "$PIDS/kube-router.pid"
   stop_pidfile "$PIDS/local-path-provisioner.pid"
   # Shims outlive containerd by design: stop ours (found by our paths), then their containers' cgroups.
   local p

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A real Prometheus (Debian's package, unpacked into the cache: no root, no
-# system install) that scrapes the operator and the workers on the local cluster.
+# A real Prometheus (3.16, built from the Go module proxy with only its
+# Kubernetes service discovery: hack/build-binaries.sh) that scrapes the
+# operator and the workers on the local cluster, as a user's Prometheus would.
 #
 #   hack/prometheus.sh up       start (or reuse) it; prints its URL
 #   hack/prometheus.sh down     stop it (by PID)
@@ -8,49 +9,56 @@
 #   hack/prometheus.sh reload   re-render config and rules, and reload them
 #   hack/prometheus.sh url      print its URL
 #
-# Targets come from the local API server: worker pods (label cohort.dev/role=worker,
-# port "metrics"), operator pods installed with the chart, and the dev operator
-# (hack/operator.sh) at 127.0.0.1:$COHORT_OPERATOR_METRICS_PORT. Debian builds
-# Prometheus without the Kubernetes service discovery, so a small discovery
-# process (written below, run from the project venv with the admin kubeconfig)
-# watches those pods and writes file_sd target files. The alert rules are the
-# chart's (helm/cohort/rules/alerts.yaml, with the chart's default thresholds).
-# Both processes have pid files in $COHORT_CLUSTER_DIR/pids, so `hack/cluster.sh
-# down` stops them too. State (config, rules, targets, TSDB): $COHORT_CLUSTER_DIR/prometheus.
+# Targets come from kubernetes_sd_configs (hack/prometheus.yml.tmpl): worker
+# pods (label cohort.dev/role=worker, port "metrics") and operator pods
+# installed with the chart, on the real nodes; plus the dev operator
+# (hack/operator.sh) at 127.0.0.1:$COHORT_OPERATOR_METRICS_PORT. Prometheus
+# watches pods with its own identity, cohort:prometheus (a client certificate
+# from the cluster CA), which may only get, list and watch pods and nodes.
+# It runs on this machine, outside the pods' network: NetworkPolicy admits it
+# as node-local traffic (hack/nodes.sh). The alert rules are the chart's
+# (helm/cohort/rules/alerts.yaml, with the chart's default thresholds). Its pid
+# file is in $COHORT_CLUSTER_DIR/pids, so `hack/cluster.sh down` stops it too.
+# State (config, rules, kubeconfig, TSDB): $COHORT_CLUSTER_DIR/prometheus.
 #
-# Environment: COHORT_PROMETHEUS_PORT (19090), COHORT_PROMETHEUS_SCRAPE_INTERVAL (2s),
-# COHORT_PROMETHEUS_DEB_VERSION (the pinned Debian package version below).
+# Environment: COHORT_PROMETHEUS_PORT (19090), COHORT_PROMETHEUS_SCRAPE_INTERVAL (2s).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 CLUSTER_DIR=${COHORT_CLUSTER_DIR:-$COHORT_CACHE/cluster}
 PIDS="$CLUSTER_DIR/pids" LOGS="$CLUSTER_DIR/logs"
 PIDFILE="$PIDS/prometheus.pid"
-SD_PIDFILE="$PIDS/prometheus-discovery.pid"
 STATE="$CLUSTER_DIR/prometheus"
 PORT=${COHORT_PROMETHEUS_PORT:-19090}
 INTERVAL=${COHORT_PROMETHEUS_SCRAPE_INTERVAL:-2s}
-DEB_VERSION=${COHORT_PROMETHEUS_DEB_VERSION:-2.42.0+ds-5+deb12u1}
-PROM_DIR="$COHORT_CACHE/prometheus-$DEB_VERSION"
-PROMETHEUS="$PROM_DIR/root/usr/bin/prometheus"
+PKI="$CLUSTER_DIR/pki"
+PROM_DIR="$BIN_CACHE/prometheus-$PROMETHEUS_VERSION"
+PROMETHEUS="$PROM_DIR/prometheus"
+KUBECTL=("$BIN_CACHE/kubernetes-$K8S_VERSION/kubectl" --kubeconfig "$CLUSTER_DIR/kubeconfig")
 URL="http://127.0.0.1:$PORT"
 
 ready() { curl -sf "$URL/-/ready" >/dev/null; }
-healthy() { pid_alive "$PIDFILE" && pid_alive "$SD_PIDFILE" && ready; }
+healthy() { pid_alive "$PIDFILE" && ready; }
 
-install() {  # download the pinned .deb once and unpack it into the cache
-  [[ -x $PROMETHEUS ]] && return 0
-  command -v apt-get >/dev/null || die "apt-get not found: install Prometheus $DEB_VERSION and put it at $PROMETHEUS"
-  log "fetching Debian's prometheus $DEB_VERSION into $PROM_DIR"
-  local tmp; tmp=$(mktemp -d "$COHORT_CACHE/prometheus-dl.XXXXXX")
-  # apt-get download writes into the current directory; unsandboxed is fine for a download.
-  (cd "$tmp" && apt-get download -q "prometheus=$DEB_VERSION" >&2) \
-    || { rm -rf "$tmp"; die "apt-get download prometheus=$DEB_VERSION failed (apt-get update? other version: COHORT_PROMETHEUS_DEB_VERSION)"; }
-  dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/root"
-  "$tmp/root/usr/bin/prometheus" --version >/dev/null || { rm -rf "$tmp"; die "the unpacked prometheus does not run"; }
-  rm -rf "$PROM_DIR"
-  mkdir -p "$PROM_DIR"
-  mv "$tmp/root" "$PROM_DIR/root"
-  rm -rf "$tmp"
+identity() {  # cohort:prometheus: a client certificate, its RBAC, and a kubeconfig in $STATE
+  mkdir -p "$STATE"
+  [[ -f $PKI/prometheus.crt ]] || sign_cert prometheus "/CN=cohort:prometheus"
+  write_kubeconfig "$STATE/kubeconfig" prometheus
+  "${KUBECTL[@]}" apply -f - >/dev/null <<YAML
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "cohort:prometheus"}
+rules:
+- apiGroups: [""]
+  resources: [pods, nodes]
+  verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "cohort:prometheus"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "cohort:prometheus"}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: "cohort:prometheus"}
+YAML
 }
 
 render() {  # the config and the rules file, into $STATE
@@ -66,101 +74,23 @@ render() {  # the config and the rules file, into $STATE
     > "$STATE/rules.yml.tmp"
   mv "$STATE/rules.yml.tmp" "$STATE/rules.yml"
   sed -e "s|@SCRAPE_INTERVAL@|$INTERVAL|g" -e "s|@RULES_FILE@|$STATE/rules.yml|g" \
-      -e "s|@TARGETS_DIR@|$STATE/targets|g" -e "s|@DEV_OPERATOR_PORT@|${COHORT_OPERATOR_METRICS_PORT:-18080}|g" \
+      -e "s|@KUBECONFIG@|$STATE/kubeconfig|g" -e "s|@DEV_OPERATOR_PORT@|${COHORT_OPERATOR_METRICS_PORT:-18080}|g" \
       "$HACK_DIR/prometheus.yml.tmpl" > "$STATE/prometheus.yml"
-  write_discovery > "$STATE/discover.py"
-  mkdir -p "$STATE/targets"
-  local kind
-  for kind in workers operators; do [[ -f $STATE/targets/$kind.json ]] || echo '[]' > "$STATE/targets/$kind.json"; done
-  "$PROM_DIR/root/usr/bin/promtool" check config "$STATE/prometheus.yml" >&2 \
+  "$PROM_DIR/promtool" check config "$STATE/prometheus.yml" >&2 \
     || die "the rendered $STATE/prometheus.yml is invalid"
-}
-
-write_discovery() {  # the file_sd discovery process (Python, project venv)
-  cat <<'PY'
-"""file_sd targets for the local Prometheus, from pod watches (written by hack/prometheus.sh).
-
-Each kind of target is a label selector; a pod is a target while it is
-Running with an IP of the real nodes' pod network (10.88.0.0/16) -- kwok pods
-have no process behind their address -- and has a container port named "metrics". Every change
-rewrites <dir>/<kind>.json atomically; Prometheus picks it up at once.
-"""
-import json, os, sys, threading, time
-from kubernetes import client, config, watch
-
-KINDS = {"workers": "cohort.dev/role=worker",
-         "operators": "app.kubernetes.io/name=cohort,app.kubernetes.io/component=operator"}
-out_dir, kubeconfig = sys.argv[1], sys.argv[2]
-core = client.CoreV1Api(config.new_client_from_config(kubeconfig))
-lock = threading.Lock()
-
-
-def target(pod):
-    ip = pod.status.pod_ip or ""
-    if pod.status.phase != "Running" or not ip.startswith("10.88.") or pod.metadata.deletion_timestamp:
-        return None
-    for c in pod.spec.containers:
-        for port in c.ports or []:
-            if port.name == "metrics":
-                labels = {"namespace": pod.metadata.namespace, "pod": pod.metadata.name}
-                job = (pod.metadata.labels or {}).get("cohort.dev/job")
-                if job:
-                    labels["trainingjob"] = job
-                return {"targets": [f"{ip}:{port.container_port}"], "labels": labels}
-    return None
-
-
-def write(kind, pods):
-    groups = sorted((t for t in pods.values() if t), key=lambda t: t["targets"][0])
-    path = os.path.join(out_dir, f"{kind}.json")
-    with lock:
-        with open(path + ".tmp", "w") as f:
-            json.dump(groups, f, indent=1)
-        os.replace(path + ".tmp", path)
-
-
-def follow(kind, selector):
-    while True:
-        try:
-            listed = core.list_pod_for_all_namespaces(label_selector=selector, _request_timeout=30)
-            pods = {p.metadata.uid: target(p) for p in listed.items}
-            write(kind, pods)
-            stream = watch.Watch().stream(core.list_pod_for_all_namespaces, label_selector=selector,
-                                          resource_version=listed.metadata.resource_version,
-                                          timeout_seconds=300, _request_timeout=330)
-            for event in stream:
-                pod = event["object"]
-                before = pods.get(pod.metadata.uid)
-                pods[pod.metadata.uid] = None if event["type"] == "DELETED" else target(pod)
-                if pods[pod.metadata.uid] != before:
-                    write(kind, pods)
-        except Exception as e:  # API server restarts, expired resourceVersions: list again
-            print(f"discovery {kind}: {e}", file=sys.stderr, flush=True)
-            time.sleep(2)
-
-
-os.makedirs(out_dir, exist_ok=True)
-for kind, selector in KINDS.items():
-    threading.Thread(target=follow, args=(kind, selector), daemon=True).start()
-while True:
-    time.sleep(3600)
-PY
 }
 
 up() {
   if healthy; then log "reusing the running Prometheus (pid $(cat "$PIDFILE")) at $URL"; echo "$URL"; return 0; fi
   "$HACK_DIR/cluster.sh" status >/dev/null 2>&1 || die "the local cluster is not running: hack/cluster.sh up"
   stop_pidfile "$PIDFILE" 2>/dev/null || true
-  stop_pidfile "$SD_PIDFILE" 2>/dev/null || true
   ready && die "port $PORT is taken by another process (set COHORT_PROMETHEUS_PORT)"
-  install
+  "$HACK_DIR/build-binaries.sh" prometheus >&2
+  identity
   render
-  mkdir -p "$PIDS" "$LOGS" "$STATE/data" "$STATE/targets"
+  mkdir -p "$PIDS" "$LOGS" "$STATE/data"
   : > "$LOGS/prometheus.log"
-  local i venv; venv=$("$HACK_DIR/venv.sh")
-  : > "$LOGS/prometheus-discovery.log"
-  start_recorded "$SD_PIDFILE" "$LOGS/prometheus-discovery.log" "$venv/bin/python" "$STATE/discover.py" \
-    "$STATE/targets" "$CLUSTER_DIR/kubeconfig"
+  local i
   start_recorded "$PIDFILE" "$LOGS/prometheus.log" "$PROMETHEUS" \
     --config.file="$STATE/prometheus.yml" --storage.tsdb.path="$STATE/data" \
     --storage.tsdb.retention.time=1d --web.listen-address="127.0.0.1:$PORT" \
@@ -178,14 +108,13 @@ up() {
 
 down() {
   stop_pidfile "$PIDFILE"
-  stop_pidfile "$SD_PIDFILE"
 }
 
 case ${1:-} in
   up) up ;;
   down) down ;;
   status) healthy && echo "healthy ($URL)" || { echo "not running"; exit 1; } ;;
-  reload) healthy || die "Prometheus is not running"; install; render; curl -sf -X POST "$URL/-/reload" && log "reloaded" ;;
+  reload) healthy || die "Prometheus is not running"; render; curl -sf -X POST "$URL/-/reload" && log "reloaded" ;;
   url) echo "$URL" ;;
   *) echo "usage: $0 up|down|status|reload|url" >&2; exit 2 ;;
 esac

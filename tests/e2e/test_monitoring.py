@@ -1,10 +1,15 @@
 """Monitoring end to end: a real Prometheus scrapes the chart's operator and a job's workers.
 
 The chart is installed with its operator on a real node (in a namespace
-enforcing the restricted standard), and the workers are containers; hack/prometheus.sh's
-Prometheus (Debian's 2.42, with the chart's alert rules) discovers the
-operator pod and the worker pods through the API server. One job trains;
-once Prometheus has seen its three workers, the test deletes one. Then:
+enforcing the restricted standard, with the chart's NetworkPolicies on, and
+kube-router enforcing them), and the workers are containers;
+hack/prometheus.sh's Prometheus (3.16, with the chart's alert rules) discovers
+the operator pod and the worker pods through kubernetes_sd_configs. One job
+trains; once Prometheus has seen its three workers, the test deletes one. Then:
+
+- the job's NetworkPolicy holds: a pod of another job cannot connect to a
+  worker's rendezvous or metrics port, while a worker of the same job can,
+  and Prometheus scrapes every worker through it;
 
 - every metric name the dashboard and the alerts use is exported by the
   live operator's and a live worker's /metrics;
@@ -36,7 +41,8 @@ from tests.support.prometheus import (
     substitute_grafana_variables,
     wait_query,
 )
-from tests.support.realnodes import RESTRICTED, real_nodes  # noqa: F401  (a session fixture)
+from tests.support.operator import kubectl
+from tests.support.realnodes import RESTRICTED, pod, real_nodes, wait_running  # noqa: F401  (a session fixture)
 
 pytestmark = [pytest.mark.e2e]
 RELEASE = "cohort"
@@ -60,6 +66,28 @@ def _by_pod(prom: Prometheus, expr: str, at: float | None = None) -> dict[str, f
     return prom.values_by(expr, "pod", at)
 
 
+# A worker of another job: what the job's NetworkPolicy keeps out.
+STRANGER = "stranger"
+RDZV_PORT, METRICS_PORT = 29400, 9400
+
+
+def _connect(cluster: Cluster, ns: str, from_pod: str, ip: str) -> dict[int, str]:
+    """From inside `from_pod`: does a TCP connection to ip's rendezvous and metrics ports open?"""
+    code = f"""
+import errno, socket
+for port in ({RDZV_PORT}, {METRICS_PORT}):
+    try:
+        socket.create_connection(('{ip}', port), timeout=5).close(); print(port, 'open')
+    except socket.timeout:
+        print(port, 'timed-out')
+    except OSError as e:
+        print(port, errno.errorcode.get(e.errno, e.errno))
+"""
+    out = kubectl(cluster, "exec", "-n", ns, from_pod, "--", "python", "-c", code)
+    assert out.returncode == 0, out.stderr
+    return {int(port): what for port, what in (line.split() for line in out.stdout.split("\n") if line)}
+
+
 @pytest.fixture(scope="module")
 def scenario(cluster: Cluster, prometheus: Prometheus, real_nodes):  # noqa: F811
     ns = f"monitoring-{uuid.uuid4().hex[:5]}"
@@ -70,6 +98,9 @@ def scenario(cluster: Cluster, prometheus: Prometheus, real_nodes):  # noqa: F81
     timeout_s = 45 + 10 * prom.scrape_interval_s()  # pod discovery, then a few scrapes
     try:
         helm.install(cluster, RELEASE, ns, values)
+        stranger = pod(STRANGER, "cohort-operator:0.1.0", ["python", "-c", "import time; time.sleep(3600)"])
+        stranger["metadata"]["labels"] = {"cohort.dev/job": "other", "cohort.dev/role": "worker"}
+        cluster.core.create_namespaced_pod(ns, stranger)
         op = helm.ready_operator_pod(cluster, ns, RELEASE)
         op_url = f"http://{op.status.pod_ip}:8080/metrics"
         t_start = time.time()
@@ -79,6 +110,10 @@ def scenario(cluster: Cluster, prometheus: Prometheus, real_nodes):  # noqa: F81
         wait_for(lambda: cluster.get_job(ns, JOB).get("status", {}).get("progress", {}).get("step", 0) > 20, 60,
                  0.5, what="training under way")
         texts = {"worker": helm.http_get(f"http://{members[0]['ip']}:9400/metrics"), "operator": helm.http_get(op_url)}
+        # members[0] hosts the rendezvous store (the world's master) and serves metrics.
+        wait_running(cluster, ns, STRANGER)
+        reach = {"peer": _connect(cluster, ns, members[1]["pod"], members[0]["ip"]),
+                 "stranger": _connect(cluster, ns, STRANGER, members[0]["ip"])}
 
         sel = f'namespace="{ns}"'
         wait_query(prom, f"cohort_world_size{{{sel}}} == 3", lambda r: len(r) == 3, timeout_s,
@@ -103,7 +138,7 @@ def scenario(cluster: Cluster, prometheus: Prometheus, real_nodes):  # noqa: F81
         wait_query(prom, steps, lambda r: r and float(r[0]["value"][1]) > at_recovery, timeout_s,
                    "steps moving again after the recovery")
         t_end = time.time()
-        yield {"ns": ns, "prom": prom, "texts": texts, "t_start": t_start, "t_kill": t_kill, "t_end": t_end,
+        yield {"ns": ns, "prom": prom, "texts": texts, "reach": reach, "t_start": t_start, "t_kill": t_kill, "t_end": t_end,
                "victim": victim, "survivors": survivors, "before": before,
                "after": {s["metric"]["pod"]: float(s["value"][1]) for s in after}}
     finally:
@@ -112,6 +147,21 @@ def scenario(cluster: Cluster, prometheus: Prometheus, real_nodes):  # noqa: F81
             cluster.delete_job(ns, JOB)
         helm.uninstall(cluster, RELEASE, ns)
         cluster.delete_namespace(ns)
+
+
+def test_network_policy_admits_the_jobs_own_workers_and_prometheus_only(scenario, cluster):
+    # The operator gave the job its policy, and the chart gave the namespace the metrics-port one.
+    policies = {p.metadata.name for p in cluster.networking.list_namespaced_network_policy(scenario["ns"]).items}
+    assert {JOB, f"{RELEASE}-workers"} <= policies, policies
+    # kube-router REJECTs what no policy admits, so the connection is refused rather than left to time out.
+    assert scenario["reach"] == {"peer": {RDZV_PORT: "open", METRICS_PORT: "open"},
+                                 "stranger": {RDZV_PORT: "ECONNREFUSED", METRICS_PORT: "ECONNREFUSED"}}, \
+        scenario["reach"]
+    # Prometheus (on the node itself, which policies admit) scraped all three workers: the
+    # scenario waited for cohort_world_size from each. It still has them as targets, healthy.
+    prom, sel = scenario["prom"], f'namespace="{scenario["ns"]}"'
+    up = prom.query(f'up{{job="cohort-workers", {sel}}}', at=scenario["t_end"])
+    assert sum(float(s["value"][1]) for s in up) >= 2, up
 
 
 def test_dashboard_and_alert_metrics_are_exported_by_the_live_operator_and_worker(scenario):

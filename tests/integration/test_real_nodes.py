@@ -44,7 +44,9 @@ def test_nodes_run_the_pinned_kubelet_and_containerd(cluster, real_nodes):  # no
         info = node.status.node_info
         assert info.kubelet_version == "v1.34.4"
         assert info.container_runtime_version == "containerd://2.4.2"
-        assert [a.address for a in node.status.addresses if a.type == "InternalIP"] == [f"10.88.{i}.1"]
+        # Every node is this machine: one InternalIP (the kubelets differ by port).
+        assert [a.address for a in node.status.addresses if a.type == "InternalIP"] == ["10.87.0.1"]
+        assert node.status.daemon_endpoints.kubelet_endpoint.port == 12250 + i
         assert not node.spec.taints
 
 
@@ -53,7 +55,7 @@ def test_kubelets_refuse_anonymous_callers(real_nodes):  # noqa: F811
     for i, name in enumerate(real_nodes):
         port = 12250 + i
         with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen(f"https://10.88.{i}.1:{port}/pods", context=ctx, timeout=10)
+            urllib.request.urlopen(f"https://10.87.0.1:{port}/pods", context=ctx, timeout=10)
         assert err.value.code == 401, f"{name}: anonymous request got {err.value.code}"
 
 

@@ -101,7 +101,7 @@ def real_node_values(namespace: str) -> dict[str, Any]:
     """
     return {
         "crds": {"enabled": False},  # the test session owns the shared CRD
-        "networkPolicy": {"enabled": True},  # the operator then creates one per job (no enforcer here yet)
+        "networkPolicy": {"enabled": True},  # the operator then creates one per job; kube-router enforces them
         "operator": {
             "nodeSelector": {"cohort.dev/node-kind": "real"},
             "watchNamespaces": [namespace],

@@ -86,10 +86,10 @@ def prometheus(cluster: Cluster) -> Prometheus:
 
 
 def promtool() -> str:
-    """promtool from the Prometheus that hack/prometheus.sh unpacked into the cache."""
+    """promtool, built with Prometheus by hack/build-binaries.sh."""
     cache = Path(os.environ.get("COHORT_CACHE", Path.home() / ".cache/cohort"))
-    found = sorted(cache.glob("prometheus-*/root/usr/bin/promtool"))
-    assert found, f"promtool not found under {cache}: run hack/prometheus.sh up"
+    found = sorted(cache.glob("bin/prometheus-*/promtool"))
+    assert found, f"promtool not found under {cache}/bin: run hack/build-binaries.sh prometheus"
     return str(found[-1])
 
 
