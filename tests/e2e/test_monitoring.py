@@ -31,7 +31,7 @@ from kubernetes.client.rest import ApiException
 
 from tests.support import helm
 from tests.support.kube import Cluster, wait_for
-from tests.support.operator import world
+from tests.support.operator import kubectl, world
 from tests.support.prometheus import (
     Prometheus,
     dashboard_exprs,
@@ -41,8 +41,8 @@ from tests.support.prometheus import (
     substitute_grafana_variables,
     wait_query,
 )
-from tests.support.operator import kubectl
-from tests.support.realnodes import RESTRICTED, pod, real_nodes, wait_running  # noqa: F401  (a session fixture)
+from tests.support.realnodes import RESTRICTED, real_nodes, wait_running  # noqa: F401  (a session fixture)
+from tests.support.realnodes import pod as restricted_pod
 
 pytestmark = [pytest.mark.e2e]
 RELEASE = "cohort"
@@ -98,7 +98,7 @@ def scenario(cluster: Cluster, prometheus: Prometheus, real_nodes):  # noqa: F81
     timeout_s = 45 + 10 * prom.scrape_interval_s()  # pod discovery, then a few scrapes
     try:
         helm.install(cluster, RELEASE, ns, values)
-        stranger = pod(STRANGER, "cohort-operator:0.1.0", ["python", "-c", "import time; time.sleep(3600)"])
+        stranger = restricted_pod(STRANGER, "cohort-operator:0.1.0", ["python", "-c", "import time; time.sleep(3600)"])
         stranger["metadata"]["labels"] = {"cohort.dev/job": "other", "cohort.dev/role": "worker"}
         cluster.core.create_namespaced_pod(ns, stranger)
         op = helm.ready_operator_pod(cluster, ns, RELEASE)
