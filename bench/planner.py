@@ -52,7 +52,7 @@ def _step_worker(rank: int, world: int, port: int, args: argparse.Namespace, pla
     from cohort.trainer.parallel.data import DataParallel
     from cohort.trainer.parallel.sharded import MeshPlan
     from cohort.trainer.sync.base import CommStats
-    from cohort.trainer.workloads import build_workload
+    from cohort.trainer.workloads.workload import build_workload
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=120))
@@ -95,7 +95,7 @@ def _step_worker(rank: int, world: int, port: int, args: argparse.Namespace, pla
 def measure_plans(args: argparse.Namespace, plans: list) -> list[float]:
     import torch.multiprocessing as mp
 
-    from cohort.trainer.planner.calibrate import free_port
+    from cohort.trainer.calibrate import free_port
 
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()
@@ -195,8 +195,10 @@ def main() -> int:
     p.add_argument("--nccl", action="store_true", help="only the allreduce fit, on this machine's GPUs (NCCL)")
     args = p.parse_args()
 
-    from cohort.trainer.planner import calibrate, format_table, profile_model, rank_plans
-    from cohort.trainer.workloads import build_workload
+    from cohort.trainer import calibrate
+    from cohort.trainer.planner import format_table, rank_plans
+    from cohort.trainer.profiling import profile_model
+    from cohort.trainer.workloads.workload import build_workload
 
     print(f"# bench/planner.py {' '.join(sys.argv[1:])}".rstrip())
     t0 = time.time()

@@ -23,9 +23,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from cohort.trainer.parallel.dims import ParallelDims
 from cohort.trainer.planner import format_table, rank_plans
 from cohort.trainer.planner.collectives import allgather_time, allreduce_time, fit, fit_all
+from cohort.trainer.planner.dims import ParallelDims
 from cohort.trainer.planner.hardware import (
     Hardware,
     load_hardware,
@@ -36,9 +36,10 @@ from cohort.trainer.planner.hardware import (
     save_hardware,
 )
 from cohort.trainer.planner.memory import memory_per_device
-from cohort.trainer.planner.profile import generic_profile, transformer_profile
+from cohort.trainer.planner.profile import transformer_profile
 from cohort.trainer.planner.search import enumerate_plans
 from cohort.trainer.planner.step_time import step_time
+from cohort.trainer.profiling import generic_profile
 from cohort.trainer.workloads.models import MLP, DataInfo, Transformer
 
 TINY = dict(dim=8, n_layers=2, n_heads=2, ffn_mult=2, vocab_size=16, seq_len=4)
@@ -306,7 +307,7 @@ def _count_worker(rank: int, port: int, out) -> None:
 def test_tensor_parallel_collectives_are_the_ones_costed(tiny):
     import torch.multiprocessing as mp
 
-    from cohort.trainer.planner.calibrate import free_port
+    from cohort.trainer.calibrate import free_port
 
     out = mp.get_context("spawn").SimpleQueue()
     mp.start_processes(_count_worker, args=(free_port(), out), nprocs=2, start_method="spawn")

@@ -18,8 +18,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-from cohort.trainer.parallel.dims import ParallelDims
-from cohort.trainer.planner.calibrate import free_port
+from cohort.trainer.calibrate import free_port
+from cohort.trainer.planner.dims import ParallelDims
 
 pytestmark = [pytest.mark.dist]
 
@@ -41,7 +41,7 @@ def _worker(rank: int, world: int, port: int, dims: ParallelDims, root: str, mod
     from cohort.trainer.parallel.sharded import MeshPlan
     from cohort.trainer.state import TrainState
     from cohort.trainer.sync.base import CommStats
-    from cohort.trainer.workloads import build_workload
+    from cohort.trainer.workloads.workload import build_workload
 
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=60))

@@ -115,7 +115,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """Rank every dp x tp x pp plan of a manifest's model for N devices (docs/parallelism.md#planner)."""
     from .planner import format_table, load_hardware, rank_plans
     from .planner.hardware import parse_bandwidth, parse_bytes, parse_flops, parse_seconds
-    from .planner.profile import profile_spec
+    from .profiling import profile_spec
 
     try:
         cfg = load_manifest(args.manifest)
@@ -131,7 +131,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if args.gpu_memory:
             hw = hw.with_overrides(memory_bytes=parse_bytes(args.gpu_memory))
         profile = profile_spec(cfg.spec)
-    except (*_user_errors(), ValueError, FileNotFoundError, KeyError) as e:
+    except (ConfigError, ValueError, FileNotFoundError, KeyError) as e:  # WorkloadError is a ValueError
         return _fail(str(e))
     w, par = cfg.spec.workload, cfg.spec.parallelism
     global_batch = args.global_batch or w.batch_size * args.gpus
@@ -157,7 +157,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from .planner import calibrate
+    from . import calibrate
 
     path = calibrate.run(args.out, log=lambda msg: print(msg, file=sys.stderr, flush=True))
     from .planner.hardware import load_hardware

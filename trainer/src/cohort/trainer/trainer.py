@@ -35,8 +35,7 @@ from .runtime.process_group import Rendezvous, Superseded, pod_ip
 from .runtime.world import StaticWorld, World, world_source_from_env
 from .state import TrainState
 from .sync.base import CommStats
-from .workloads import build_workload
-from .workloads.workload import summarize
+from .workloads.workload import build_workload, summarize
 
 log = logmod.get_logger(__name__)
 

@@ -25,9 +25,12 @@ import torch.distributed as dist
 from torch import nn
 
 from ..log import get_logger
+from ..planner import Candidate, Hardware, best_plan, load_hardware, rank_plans
+from ..planner.dims import ParallelDims
+from ..profiling import profile_model
 from .base import Plan, PlanContext
 from .data import DataParallel
-from .dims import ParallelDims
+from .dims import ParallelismError
 from .sharded import MeshPlan
 
 log = get_logger(__name__)
@@ -55,7 +58,7 @@ def choose_dims(spec: Any, model: nn.Module | None, world_size: int) -> Parallel
     if model is None or spec.sync.algorithm != "allreduce" or spec.compression.method != "none":
         # Gossip, local SGD and compression act on whole replicas: only data parallelism runs them.
         return ParallelDims(dp=world_size, dp_mode="ddp")
-    from ..planner import format_table, load_hardware, plan_for
+    from ..planner import format_table, load_hardware
     from ..workloads.models import Transformer
 
     sample = None if isinstance(model, Transformer) else _sample(model)
@@ -67,6 +70,28 @@ def choose_dims(spec: Any, model: nn.Module | None, world_size: int) -> Parallel
                                         round(best.time.total * 1e3, 2), "hardware": hw.source,
                                         "ranking": format_table(ranked, limit=8).splitlines()})
     return best.dims
+
+
+def plan_for(spec: Any, model: nn.Module, world_size: int, hw: Hardware | None = None,
+             sample: Any = None) -> tuple[Candidate, list[Candidate]]:
+    """The planner's choice for ``spec`` on ``world_size`` ranks, and the whole ranked list.
+
+    The global batch is the one data parallelism would use on this world
+    (``batchSize x world_size``); ``parallelism.tensor``/``pipeline`` above 1
+    pin those degrees.
+    """
+    hw = hw or load_hardware()
+    profile = profile_model(model, sample)
+    opt = spec.workload.optimizer
+    p = spec.parallelism
+    candidates = rank_plans(world_size, profile, hw, spec.workload.batch_size * world_size, opt.name,
+                            opt.momentum, tp=p.tensor if p.tensor > 1 else None,
+                            pp=p.pipeline if p.pipeline > 1 else None)
+    best = best_plan(candidates)
+    if best is None:
+        reason = candidates[0].rejected if candidates else "no dp x tp x pp split of this model fits the world"
+        raise ParallelismError(f"spec.parallelism.strategy: auto found no plan for {world_size} ranks ({reason})")
+    return best, candidates
 
 
 class AutoPlan(Plan):

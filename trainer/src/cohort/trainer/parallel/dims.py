@@ -1,54 +1,24 @@
-"""ParallelDims: the dp x tp x pp shape of one world, and the checks that a model and batch fit it.
+"""A world's ParallelDims from the spec, and ParallelismError.
 
-One frozen value says how a world of ``dp * tp * pp`` ranks is laid out. The
-explicit strategies derive it from the spec and the world size (dp follows the
-world, tp and pp stay fixed); ``auto`` gets it from the planner. Every check
-that can fail raises :class:`ParallelismError` (a ``ConfigError``), whose
-message is the one line the CLI prints before exiting 2.
+:class:`~cohort.trainer.planner.dims.ParallelDims` (the planner's) says how a
+world of ``dp * tp * pp`` ranks is laid out. The explicit strategies derive it
+from the spec and the world size here (dp follows the world, tp and pp stay
+fixed); ``auto`` gets it from the planner. Every check that can fail raises
+:class:`ParallelismError` (a ``ConfigError``), whose message is the one line
+the CLI prints before exiting 2. The checks that need the model are in
+sharded.py's ``check_dims``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from torch import nn
-
 from ..config import ConfigError
+from ..planner.dims import ParallelDims
 
 
 class ParallelismError(ConfigError):
     """A parallelism setting cannot run with this model, world or backend; the message names the field."""
-
-
-@dataclass(frozen=True)
-class ParallelDims:
-    """How one world's ranks are split. Ranks are laid out pp-major, tp-minor (tp peers are adjacent)."""
-
-    dp: int = 1
-    """Data-parallel degree: ranks that read different batches."""
-    tp: int = 1
-    """Tensor-parallel degree: ranks that split each layer's weights."""
-    pp: int = 1
-    """Pipeline-parallel degree: stages, each holding a contiguous slice of the layers."""
-    microbatches: int = 1
-    """Pipeline microbatches per step (only used when pp > 1)."""
-    schedule: str = "1f1b"
-    """Pipeline schedule, ``gpipe`` or ``1f1b`` (only used when pp > 1)."""
-    dp_mode: str = "fsdp"
-    """How the dp ranks keep one model: ``fsdp`` (FSDP2 shards it) or ``ddp`` (replicas; tp = pp = 1 only)."""
-
-    @property
-    def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
-
-    def describe(self) -> str:
-        parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}"]
-        if self.pp > 1:
-            parts.append(f"mb={self.microbatches} {self.schedule}")
-        if self.dp > 1 or self.dp_mode == "ddp":
-            parts.append(self.dp_mode)
-        return " ".join(parts)
 
 
 def dims_for_world(spec: Any, world_size: int, *, tensor: int | None = None, pipeline: int | None = None,
@@ -69,19 +39,3 @@ def check_world_size(spec: Any, world_size: int) -> None:
     """Refuse a world the spec's fixed tp x pp does not divide (the operator never forms one)."""
     if spec.parallelism.strategy in ("tensor", "pipeline", "hybrid"):
         dims_for_world(spec, world_size)
-
-
-def check_dims(dims: ParallelDims, model: nn.Module | None, batch_size: int) -> None:
-    """Refuse dims the model or the per-rank batch cannot be split by (one clear line, naming the field)."""
-    from .pipeline import check_pipeline  # each parallelism knows its own constraints
-    from .tensor import check_tensor_parallel
-
-    if dims.dp_mode == "ddp" and (dims.tp > 1 or dims.pp > 1):
-        raise ParallelismError("spec.parallelism: DDP replicas cannot hold tensor- or pipeline-parallel parts "
-                               "(TP + plain DDP fails on gloo); the dp dimension uses FSDP2 instead")
-    if model is None:
-        return
-    if dims.tp > 1:
-        check_tensor_parallel(model, dims.tp)
-    if dims.pp > 1:
-        check_pipeline(model, dims.pp, dims.microbatches, dims.schedule, batch_size)

@@ -13,8 +13,8 @@ import os
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from ..planner.dims import ParallelDims
 from ..runtime.process_group import gloo_options_bound_to
-from .dims import ParallelDims
 
 MESH_DIMS = ("pp", "dp", "tp")
 

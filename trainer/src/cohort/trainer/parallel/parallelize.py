@@ -24,7 +24,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from .dims import ParallelDims
+from ..planner.dims import ParallelDims
 from .fsdp import apply_fsdp
 from .mesh import device_type
 from .pipeline import Pipeline, split_stage

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+from ..planner.dims import stage_layers
 from ..workloads.models import Transformer
 from .dims import ParallelismError
 
@@ -41,13 +42,6 @@ def check_pipeline(model: nn.Module, pp: int, microbatches: int, schedule: str, 
     if schedule == "1f1b" and microbatches < pp:
         raise ParallelismError(f"spec.parallelism.microbatches: 1f1b needs at least as many microbatches as "
                                f"stages ({pp}), got {microbatches}")
-
-
-def stage_layers(n_layers: int, stage: int, n_stages: int) -> range:
-    """The blocks of ``stage``: contiguous and balanced; the earlier stages take the remainder."""
-    base, extra = divmod(n_layers, n_stages)
-    start = stage * base + min(stage, extra)
-    return range(start, start + base + (1 if stage < extra else 0))
 
 
 def split_stage(model: Transformer, stage: int, n_stages: int) -> Transformer:

@@ -17,10 +17,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..planner.dims import ParallelDims
 from .base import Plan, PlanContext
-from .dims import ParallelDims, ParallelismError, check_dims
+from .dims import ParallelismError
 from .mesh import build_mesh
 from .parallelize import Parallelized, parallelize
+from .pipeline import check_pipeline
+from .tensor import check_tensor_parallel
 
 
 class MeshPlan(Plan):
@@ -93,3 +96,16 @@ class MeshPlan(Plan):
         p = spec.parallelism
         dims = ParallelDims(tp=p.tensor, pp=p.pipeline, microbatches=p.microbatches, schedule=p.schedule)
         check_dims(dims, model, spec.workload.batch_size)
+
+
+def check_dims(dims: ParallelDims, model: nn.Module | None, batch_size: int) -> None:
+    """Refuse dims the model or the per-rank batch cannot be split by (one clear line, naming the field)."""
+    if dims.dp_mode == "ddp" and (dims.tp > 1 or dims.pp > 1):
+        raise ParallelismError("spec.parallelism: DDP replicas cannot hold tensor- or pipeline-parallel parts "
+                               "(TP + plain DDP fails on gloo); the dp dimension uses FSDP2 instead")
+    if model is None:
+        return
+    if dims.tp > 1:
+        check_tensor_parallel(model, dims.tp)
+    if dims.pp > 1:
+        check_pipeline(model, dims.pp, dims.microbatches, dims.schedule, batch_size)

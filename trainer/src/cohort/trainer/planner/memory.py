@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..parallel.dims import ParallelDims
-from ..parallel.pipeline import stage_layers
+from .dims import ParallelDims, stage_layers
 from .profile import BYTES, ModelProfile
 
 # Optimizer state in parameter-sized tensors: SGD's momentum buffer; AdamW's two moments.

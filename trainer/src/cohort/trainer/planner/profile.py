@@ -2,8 +2,9 @@
 
 For the built-in transformer every number is analytic (checked against
 ``torch.utils.flop_counter`` and the model's own parameters in the tests);
-any other model gets a generic profile, measured with ``FlopCounterMode`` and
-forward hooks, which the planner only splits data-parallel.
+any other model gets a generic profile, measured with torch by
+``cohort.trainer.profiling``, which the planner only splits data-parallel.
+This module, like the rest of the planner core, imports no torch.
 
 Counts are per *sample* (one sequence of ``seq_len`` tokens) and fp32:
 - forward FLOPs (a training step costs 3x: forward + backward's two matmuls);
@@ -14,9 +15,6 @@ Counts are per *sample* (one sequence of ``seq_len`` tokens) and fp32:
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
-from torch import nn
 
 BYTES = 4  # fp32 parameters, gradients, optimizer state and activations
 
@@ -61,6 +59,8 @@ class ModelProfile:
 def transformer_profile(dim: int, n_layers: int, n_heads: int, ffn_mult: int, vocab_size: int,
                         seq_len: int) -> ModelProfile:
     """The built-in Transformer (workloads/models.py), counted by hand."""
+    if dim % n_heads:
+        raise ValueError(f"modelArgs.dim ({dim}) must be divisible by modelArgs.n_heads ({n_heads})")
     d, f, v, t, h = dim, ffn_mult * dim, vocab_size, seq_len, n_heads
     attn = 4 * d * d                        # wq, wk, wv, wo (no bias)
     ffn = d * f + f + f * d + d             # w1 (+bias), w2 (+bias)
@@ -85,70 +85,3 @@ def transformer_profile(dim: int, n_layers: int, n_heads: int, ffn_mult: int, vo
         last_act_bytes=float(t * (2 * d + 2 + 2 * v) * BYTES),
         boundary_bytes=float(t * d * BYTES), logits_bytes=float(t * v * BYTES),
         tp_divides=(h, v, f))
-
-
-def generic_profile(model: nn.Module, sample: torch.Tensor) -> ModelProfile:
-    """Any model, measured on one sample: FLOPs with FlopCounterMode, activations from leaf outputs."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    outputs: list[int] = []
-
-    def record(_m: nn.Module, _i: object, out: object) -> None:
-        if isinstance(out, torch.Tensor):
-            outputs.append(out.numel())
-
-    leaves = [m for m in model.modules() if not list(m.children())]
-    handles = [m.register_forward_hook(record) for m in leaves]
-    try:
-        counter = FlopCounterMode(display=False)
-        with counter, torch.no_grad():
-            model(sample[:1])
-    finally:
-        for handle in handles:
-            handle.remove()
-    params = sum(p.numel() for p in model.parameters())
-    return ModelProfile(
-        name=type(model).__name__, n_layers=0, block_params=0, block_params_tp=0,
-        first_params=params, first_params_tp=0, last_params=0, last_params_tp=0,
-        block_flops=0.0, first_flops=float(counter.get_total_flops()), last_flops=0.0,
-        block_act_bytes=0.0, block_act_bytes_tp=0.0, last_act_bytes=float(sum(outputs) * BYTES),
-        boundary_bytes=0.0, logits_bytes=0.0)
-
-
-def profile_spec(spec: object) -> ModelProfile:
-    """The profile of a job spec's model, built on the meta device (no memory, no data generated for LMs)."""
-    import inspect
-
-    from ..workloads.datasets import synthetic_lm
-    from ..workloads.models import MODELS, DataInfo
-    from ..workloads.workload import build_data, load_entry_point
-
-    w = spec.workload  # type: ignore[attr-defined]
-    if w.dataset == "synthetic-lm":  # its shape is in its arguments; generating a big vocabulary is slow
-        defaults = {k: v.default for k, v in inspect.signature(synthetic_lm).parameters.items()}
-        args = {**defaults, **w.dataset_args}
-        info = DataInfo((args["seq_len"],), vocab_size=args["vocab"], seq_len=args["seq_len"])
-        sample = torch.zeros(1, args["seq_len"], dtype=torch.long, device="meta")
-    else:
-        data = build_data(w.dataset, w.dataset_args)
-        info, sample = data.info, data.train_x[:1].to("meta")
-    with torch.device("meta"):
-        if ":" in w.model:
-            model = load_entry_point(w.model, "spec.workload.model")(info, **w.model_args)
-            model = getattr(model, "model", model)  # a Workload's model
-        else:
-            model = MODELS[w.model](info, **w.model_args)
-    return profile_model(model, sample)
-
-
-def profile_model(model: nn.Module, sample: torch.Tensor | None = None) -> ModelProfile:
-    """The profile of ``model``: analytic for the built-in transformer, measured otherwise."""
-    from ..workloads.models import Transformer
-
-    if isinstance(model, Transformer):
-        c = model.config
-        return transformer_profile(c["dim"], c["n_layers"], c["n_heads"], c["ffn_mult"], c["vocab_size"],
-                                   c["seq_len"])
-    if sample is None:
-        raise ValueError(f"profiling {type(model).__name__} needs a sample input")
-    return generic_profile(model, sample)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..parallel.dims import ParallelDims
+from .dims import ParallelDims
 from .hardware import Hardware
 from .memory import Memory, memory_per_device
 from .profile import ModelProfile

@@ -41,8 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..parallel.dims import ParallelDims
-from ..parallel.pipeline import stage_layers
+from .dims import ParallelDims, stage_layers
 from .hardware import Hardware
 from .memory import optimizer_states, stage_params
 from .profile import BYTES, ModelProfile

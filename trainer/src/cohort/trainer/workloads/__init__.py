@@ -1,5 +1,5 @@
-"""What to train: built-in models and datasets, user entry points, the Workload type."""
+"""What to train: built-in models and datasets, user entry points, the Workload type.
 
-from .workload import Workload, build_workload
-
-__all__ = ["Workload", "build_workload"]
+Import the modules themselves (``workloads.workload``, ``workloads.models``):
+this package imports nothing, so ``workloads.defaults`` needs no torch.
+"""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .defaults import SYNTHETIC_LM
 from .models import DataInfo
 
 SPLIT_SEED = 1234  # the digits split never changes with the workload seed
@@ -54,8 +55,9 @@ def synthetic_classification(samples: int = 4096, features: int = 32, classes: i
                 "classification")
 
 
-def synthetic_lm(sequences: int = 2048, seq_len: int = 32, vocab: int = 64, branching: int = 4,
-                 seed: int = 0, test_fraction: float = 0.1) -> Data:
+def synthetic_lm(sequences: int = SYNTHETIC_LM["sequences"], seq_len: int = SYNTHETIC_LM["seq_len"],
+                 vocab: int = SYNTHETIC_LM["vocab"], branching: int = SYNTHETIC_LM["branching"],
+                 seed: int = SYNTHETIC_LM["seed"], test_fraction: float = SYNTHETIC_LM["test_fraction"]) -> Data:
     """Token sequences from a sparse random Markov chain: learnable, with a known entropy floor."""
     g = torch.Generator().manual_seed(seed)
     successors = torch.stack([torch.randperm(vocab, generator=g)[:branching] for _ in range(vocab)])

@@ -2,7 +2,7 @@
 
 - α and β: allreduce time against message size for P = 2 and 4 local ranks
   (gloo over loopback, or NCCL when GPUs are present), fitted jointly with
-  every allreduce model of collectives.py; the best-fitting model is stored
+  every allreduce model of planner/collectives.py; the best-fitting model is stored
   as the backend's algorithm.
 - device throughput: FLOP/s of a training-sized fp32 matmul in one rank
   (one intra-op thread, as the trainer runs) and in P ranks at once, which
@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .collectives import fit, fit_all
-from .hardware import DEFAULT_CALIBRATION, Hardware, save_hardware
+from .planner.collectives import fit, fit_all
+from .planner.hardware import DEFAULT_CALIBRATION, Hardware, save_hardware
 
 SIZES = tuple(4 ** k * 1024 for k in range(0, 7))  # 1 KiB .. 4 MiB, then 16 MiB below
 MATMUL = (256, 256, 1024)                           # tokens x dim @ dim x ffn: a block's biggest matmul
@@ -177,10 +177,10 @@ def _overhead_worker(rank: int, port: int, out: Any) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-    from ..parallel.fsdp import apply_fsdp
-    from ..parallel.tensor import apply_tp
-    from ..workloads.models import DataInfo, Transformer
-    from ..workloads.workload import cross_entropy
+    from .parallel.fsdp import apply_fsdp
+    from .parallel.tensor import apply_tp
+    from .workloads.models import DataInfo, Transformer
+    from .workloads.workload import cross_entropy
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
@@ -213,8 +213,8 @@ def _overhead_worker(rank: int, port: int, out: Any) -> None:
     # A real block (dim 256) at growing batch: seconds per forward+backward against its FLOPs. Small
     # calls run far below matmul peak (fixed costs, elementwise ops, small matrices); the planner
     # interpolates this table at each plan's per-call FLOPs (microbatch size, tp split).
-    from ..workloads.models import Block
-    from .profile import transformer_profile
+    from .planner.profile import transformer_profile
+    from .workloads.models import Block
 
     torch.manual_seed(0)
     block, seq = Block(256, 4, 4), 32
@@ -241,10 +241,10 @@ def _mesh_overhead_worker(rank: int, world: int, port: int, out: Any) -> None:
     """Per-block time of FSDP2 and of DTensor TP over ``world`` ranks, on a tiny transformer (FLOPs ~ 0)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from ..parallel.fsdp import apply_fsdp
-    from ..parallel.tensor import apply_tp
-    from ..workloads.models import DataInfo, Transformer
-    from ..workloads.workload import cross_entropy
+    from .parallel.fsdp import apply_fsdp
+    from .parallel.tensor import apply_tp
+    from .workloads.models import DataInfo, Transformer
+    from .workloads.workload import cross_entropy
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
