@@ -60,9 +60,11 @@ def test_pod_follows_the_contract_env_ports_probe_and_config_mount():
     assert env["COHORT_CONFIG"]["value"] == "/etc/cohort/job.json"
     assert env["COHORT_JOB_NAME"]["value"] == "digits"
     assert env["COHORT_WORLD"]["value"] == "configmap:digits-world"
-    assert env["COHORT_METRICS_PORT"]["value"] == "9400" and env["COHORT_RDZV_PORT"]["value"] == "29400"
+    assert env["COHORT_METRICS_PORT"]["value"] == "9400"
+    # The rendezvous port travels in the job config (runtime.rendezvousPort), the pod's uid nowhere.
+    assert "COHORT_RDZV_PORT" not in env and "COHORT_POD_UID" not in env
     for var, path in (("COHORT_NAMESPACE", "metadata.namespace"), ("COHORT_POD_NAME", "metadata.name"),
-                      ("COHORT_POD_UID", "metadata.uid"), ("COHORT_POD_IP", "status.podIP")):
+                      ("COHORT_POD_IP", "status.podIP")):
         assert env[var]["valueFrom"]["fieldRef"]["fieldPath"] == path
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": 9400, "rendezvous": 29400}
     assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}

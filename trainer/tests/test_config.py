@@ -62,3 +62,14 @@ def test_path_map(monkeypatch):
     assert map_path("/checkpoints/job") == "/tmp/x/job"
     assert map_path("/checkpoints/deep/a") == "/tmp/y/a"
     assert map_path("/checkpointsX") == "/checkpointsX"
+
+
+def test_cohort_train_reads_the_config_path_from_cohort_config(monkeypatch):
+    from cohort.trainer import cli
+
+    monkeypatch.setenv("COHORT_CONFIG", "/etc/cohort/job.json")
+    assert cli.build_parser().parse_args(["train"]).config == "/etc/cohort/job.json"
+    assert cli.build_parser().parse_args(["train", "--config", "x.json"]).config == "x.json"
+    monkeypatch.delenv("COHORT_CONFIG")
+    with pytest.raises(SystemExit):  # neither: argparse names --config
+        cli.build_parser().parse_args(["train"])

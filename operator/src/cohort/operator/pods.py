@@ -56,10 +56,8 @@ def contract_env(job_name: str) -> list[dict[str, Any]]:
         {"name": "COHORT_JOB_NAME", "value": job_name},
         {"name": "COHORT_NAMESPACE", **_downward("metadata.namespace")},
         {"name": "COHORT_POD_NAME", **_downward("metadata.name")},
-        {"name": "COHORT_POD_UID", **_downward("metadata.uid")},
         {"name": "COHORT_POD_IP", **_downward("status.podIP")},
         {"name": "COHORT_METRICS_PORT", "value": str(METRICS_PORT)},
-        {"name": "COHORT_RDZV_PORT", "value": str(RDZV_PORT)},
         {"name": "COHORT_WORLD", "value": f"configmap:{world_map_name(job_name)}"},
     ]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -169,11 +170,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_arg() -> dict[str, Any]:
+    """--config, which defaults to $COHORT_CONFIG (the operator sets it: docs/contracts.md §2)."""
+    env = os.environ.get("COHORT_CONFIG")
+    return {"default": env, "required": not env, "help": "job config JSON (docs/contracts.md); default $COHORT_CONFIG"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cohort", description="Cohort elastic training")
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="run one worker (what a pod runs; same as cohort-train)")
-    t.add_argument("--config", required=True, help="job config JSON (docs/contracts.md)")
+    t.add_argument("--config", **_config_arg())
     t.set_defaults(fn=cmd_train)
     r = sub.add_parser("run", help="run a TrainingJob manifest")
     r.add_argument("manifest")
@@ -212,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def train_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="cohort-train", description="run one Cohort worker")
-    p.add_argument("--config", required=True)
+    p.add_argument("--config", **_config_arg())
     return cmd_train(p.parse_args(argv))
 
 
