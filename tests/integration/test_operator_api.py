@@ -53,6 +53,10 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("negative-backoff", {"faultTolerance": {"backoffSeconds": -1}}, "spec.faultTolerance.backoffSeconds"),
     ("zero-below-min-timeout", {"faultTolerance": {"belowMinTimeoutSeconds": 0}},
      "spec.faultTolerance.belowMinTimeoutSeconds"),
+    ("cpu-lots", {"resources": {"limits": {"cpu": "lots"}}}, "spec.resources.limits.cpu"),
+    ("memory-a-float", {"resources": {"requests": {"memory": 1.5}}}, "spec.resources.requests.memory"),
+    ("typo-in-resources", {"resources": {"limit": {"cpu": 1}}}, "spec.resources.limit"),
+    ("claim-without-name", {"resources": {"claims": [{"request": "gpu"}]}}, "spec.resources.claims[0].name"),
 ]
 
 
@@ -72,6 +76,13 @@ def test_python_validation_refuses_and_names_the_field(spec, field):
     assert field in str(err.value), str(err.value)
 
 
+def test_resources_take_kubernetes_quantities():
+    spec = parse(TrainingJobSpec, {"resources": {"limits": {"cpu": "500m", "memory": "2Gi", "nvidia.com/gpu": 1},
+                                                 "requests": {"cpu": "0.5", "memory": "1.5e9"}}})
+    assert spec.resources.limits == {"cpu": "500m", "memory": "2Gi", "nvidia.com/gpu": 1}
+    assert spec.resources.requests == {"cpu": "0.5", "memory": "1.5e9"} and spec.resources.claims == []
+
+
 @pytest.mark.k8s
 def test_api_server_refuses_every_invalid_manifest_naming_the_field(cluster, namespace):
     misses = []
@@ -85,8 +96,12 @@ def test_api_server_refuses_every_invalid_manifest_naming_the_field(cluster, nam
             continue
         misses.append(f"{case_id}: accepted")
     assert not misses, "\n".join(misses)
-    # And a valid one, built from the same defaults, is accepted.
-    cluster.create_job(namespace, manifest("valid", {"replicas": {"min": 1, "target": 2, "max": 4}}))
+    # And a valid one, built from the same defaults, is accepted, quantities as written.
+    valid = {"replicas": {"min": 1, "target": 2, "max": 4},
+             "resources": {"limits": {"cpu": "500m", "memory": "2Gi"}, "requests": {"cpu": 1}}}
+    created = cluster.create_job(namespace, manifest("valid", valid))
+    assert created["spec"]["resources"] == {"limits": {"cpu": "500m", "memory": "2Gi"}, "requests": {"cpu": 1},
+                                            "claims": []}
 
 
 @pytest.mark.k8s

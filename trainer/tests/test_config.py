@@ -28,6 +28,8 @@ def test_defaults_come_from_the_crd_schema():
     ({"workload": {"model": "no such model"}}, "spec.workload.model"),
     ({"compression": {"method": "zip"}}, "spec.compression.method"),
     ({"compression": {"ratio": 0}}, "spec.compression.ratio"),
+    ({"resources": {"limits": {"cpu": "lots"}}}, "spec.resources.limits.cpu"),
+    ({"resources": {"requests": {"memory": 1.5}}}, "spec.resources.requests.memory"),
     ({"replicas": {"min": 4, "target": 2, "max": 8}}, "spec.replicas"),
     ({"workload": {"epochs": 0, "maxSteps": 0}}, "spec.workload.epochs"),
     ({"stragglers": {"threshold": 1}}, "spec.stragglers.threshold"),

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .api.models import TrainingJobSpec
+from .api.schema import to_dict
 from .naming import (
     ANNOTATION_INDEX,
     ANNOTATION_REPLACES,
@@ -161,7 +162,7 @@ def build_worker_pod(
             "httpGet": {"path": "/healthz", "port": "metrics"},
             "periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 3,
         },
-        "resources": copy.deepcopy(spec.resources),
+        "resources": {k: v for k, v in to_dict(spec.resources).items() if v},  # only what the user set
         "volumeMounts": mounts,
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "FallbackToLogsOnError",

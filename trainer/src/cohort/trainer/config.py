@@ -75,6 +75,11 @@ def apply_schema(value: Any, schema: dict[str, Any], path: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{path}: must be an array, got {value!r}")
         return [apply_schema(v, schema.get("items", {}), f"{path}[{i}]") for i, v in enumerate(value)]
+    if schema.get("x-kubernetes-int-or-string"):  # a resource.Quantity: the pattern applies to strings only
+        if isinstance(value, bool) or not isinstance(value, (int, str)) or (
+                isinstance(value, str) and not re.fullmatch(schema["pattern"], value)):
+            raise ConfigError(f"{path}: must be a quantity (an integer, or e.g. 500m, 2Gi, 1.5), got {value!r}")
+        return value
     checks = {"integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
               "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
               "string": lambda v: isinstance(v, str), "boolean": lambda v: isinstance(v, bool)}

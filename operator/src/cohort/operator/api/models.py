@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
-from .schema import Rule, field
+from .schema import Quantity, Rule, field
 
 GROUP = "cohort.dev"
 VERSION = "v1alpha1"
@@ -213,6 +213,23 @@ class RunPolicy:
 
 
 @dataclass
+class ResourceClaim:
+    """core/v1 ResourceClaim: a dynamic resource claim of the pod, by name, that the worker uses."""
+
+    name: str = field(doc="The name of one entry of the pod's resourceClaims (spec.podTemplate).")
+    request: str = field("", doc="One request of that claim; empty: all of them.")
+
+
+@dataclass
+class Resources:
+    """core/v1 ResourceRequirements of each worker: quantities are checked at admission."""
+
+    limits: dict[str, Quantity] = field({}, doc="Most of each resource a worker may use (cpu, memory, nvidia.com/gpu, ...).")
+    requests: dict[str, Quantity] = field({}, doc="What a worker is scheduled by; omitted: its limits.")
+    claims: list[ResourceClaim] = field([], doc="Dynamic resource claims the worker uses.")
+
+
+@dataclass
 class TrainingJobSpec:
     """TrainingJobSpec is the desired state of an elastic training job."""
 
@@ -247,7 +264,7 @@ class TrainingJobSpec:
     image: str = field("", doc="Trainer image. Empty: the operator's default image.")
     workload: Workload = field(Workload, doc="What to train.")
     replicas: Replicas = field(Replicas, doc="Elastic worker counts.")
-    resources: dict[str, Any] = field({}, free_form=True, doc="core/v1 ResourceRequirements of each worker.")
+    resources: Resources = field(Resources, doc="core/v1 ResourceRequirements of each worker.")
     parallelism: Parallelism = field(Parallelism, doc="Parallelism strategy.")
     sync: Sync = field(Sync, doc="Synchronisation algorithm.")
     compression: Compression = field(Compression, doc="Communication compression.")

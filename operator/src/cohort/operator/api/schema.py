@@ -29,6 +29,16 @@ class ValidationError(ValueError):
     """A manifest or config is invalid. The message starts with the field path."""
 
 
+# resource.Quantity's serialised form, as in Kubernetes' own OpenAPI schema.
+QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+                    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+
+
+class Quantity(str):
+    """Type marker for a Kubernetes resource.Quantity: an integer, or a string such as ``500m``, ``2Gi``,
+    ``1e3``. Values stay as written (int or str); the CRD schema is int-or-string with Kubernetes' pattern."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Rule:
     """A cross-field rule checked by the API server (CEL) and in Python."""
@@ -163,6 +173,9 @@ def _type_schema(tp: Any, meta: typing.Mapping[str, Any]) -> dict[str, Any]:
         s = {"type": "number"}
     elif tp is str:
         s = {"type": "string"}
+    elif tp is Quantity:
+        s = {"anyOf": [{"type": "integer"}, {"type": "string"}], "pattern": QUANTITY_PATTERN,
+             "x-kubernetes-int-or-string": True}
     elif origin is dict or tp is dict:
         args = get_args(tp)
         if meta.get("free_form") or not args or args[1] is Any:
@@ -257,9 +270,17 @@ def _parse_value(tp: Any, meta: typing.Mapping[str, Any], value: Any, path: str)
         value = float(value)
     elif tp is str:
         _check_type(value, str, path, "string")
+    elif tp is Quantity:
+        if isinstance(value, bool) or not isinstance(value, (int, str)) or (
+                isinstance(value, str) and not re.fullmatch(QUANTITY_PATTERN, value)):
+            raise ValidationError(f"{path}: must be a quantity (an integer, or e.g. 500m, 2Gi, 1.5), got {value!r}")
+        return value
     elif origin is dict or tp is dict:
         _check_type(value, dict, path, "object")
-        return copy.deepcopy(value)
+        args = get_args(tp)
+        if meta.get("free_form") or not args or args[1] is Any:
+            return copy.deepcopy(value)
+        return {k: _parse_value(args[1], {}, v, f"{path}.{k}") for k, v in value.items()}
     elif origin is list:
         _check_type(value, list, path, "array")
         (item,) = get_args(tp)
