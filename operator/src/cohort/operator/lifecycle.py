@@ -1,6 +1,6 @@
 """Lifecycle rules of a TrainingJob: phases, conditions, timers and backoff.
 
-Pure functions used by the planner. The phases (``models.PHASES``):
+Pure functions used by :mod:`.decide`. The phases (``models.PHASES``):
 
 - ``Pending``: started (or resumed), fewer than ``replicas.min`` workers Ready;
 - ``Running``: a world of at least ``replicas.min`` workers trains;

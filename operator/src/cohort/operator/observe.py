@@ -1,6 +1,6 @@
 """What the operator sees of a worker pod: a small, typed view of the Pod dict.
 
-The planner reasons about ``PodView``s only, so the rules for "Ready",
+The decision (:mod:`.decide`) reasons about ``PodView``s only, so the rules for "Ready",
 "failed" and "succeeded" live here, once.
 """
 

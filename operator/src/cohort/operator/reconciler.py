@@ -1,6 +1,6 @@
-"""The reconcile loop: observe one job, ask the planner, carry out the Plan.
+"""The reconcile loop: observe one job, decide, carry out the Decision.
 
-All I/O of a reconcile is here; all decisions are in :mod:`.planner`. The
+All I/O of a reconcile is here; all decisions are in :mod:`.decide`. The
 order of writes makes a crash at any point harmless:
 
 1. owned objects (config, Service, RBAC, PDB, gang object) are created if
@@ -28,6 +28,7 @@ from typing import Any
 
 from .api.models import PLURAL, TrainingJobSpec, TrainingJobStatus
 from .api.schema import ValidationError, parse, to_dict
+from .decide import Decision, Inputs, decide
 from .events import EventRecorder
 from .gang import DISCOVERY_GROUP_VERSIONS, GangApi, build_gang_object, choose_gang_api, gang_message, gang_pod_fields
 from .jobstate import JobKey, JobMemory
@@ -48,7 +49,6 @@ from .manifests import (
 from .metrics import OperatorMetrics
 from .naming import API_VERSION, CONFIG_KEY, LABEL_JOB, WORLD_KEY, world_map_name
 from .observe import view_pods
-from .planner import Inputs, Plan, plan_job
 from .pods import build_worker_pod
 from .settings import Settings
 from .workqueue import BACKGROUND, WorkQueue
@@ -199,11 +199,11 @@ class Reconciler:
             raise
         inputs = Inputs(job=job, spec=spec, status=mem.status, world=mem.world, pods=view_pods(pods, mem.uid),
                         now=now, straggler=mem.verdict, progress=mem.progress)
-        plan = plan_job(inputs)
+        decision = decide(inputs)
         # The Service, RBAC and PDB wait for a reconcile that creates no pod:
         # on a busy API server, every job's workers come first.
-        if await self._execute(mem, job, spec, plan, gang_fields, prerequisites) and active:
-            if plan.create:
+        if await self._execute(mem, job, spec, decision, gang_fields, prerequisites) and active:
+            if decision.create:
                 self.queue.add_after(mem.key, 1.0, BACKGROUND)
             else:
                 await self._ensure_owned(mem, job, after)
@@ -364,24 +364,24 @@ class Reconciler:
             self._gang = (time.monotonic() + self.settings.discovery_s, api)
             return api
 
-    # --- carrying out a plan -------------------------------------------------
-    async def _execute(self, mem: JobMemory, job: dict[str, Any], spec: TrainingJobSpec, plan: Plan,
+    # --- carrying out a decision -------------------------------------------------
+    async def _execute(self, mem: JobMemory, job: dict[str, Any], spec: TrainingJobSpec, decision: Decision,
                        gang_fields: dict[str, Any], prerequisites: asyncio.Future[Any]) -> bool:
-        """Carry out the plan; False when the job is gone."""
+        """Carry out the decision; False when the job is gone."""
         ns, name = mem.key
         try:
-            if plan.world is not None:
+            if decision.world is not None:
                 old_version = mem.world.version
-                await self._write_world(mem, job, plan.world)
-                if plan.world.version != old_version:
+                await self._write_world(mem, job, decision.world)
+                if decision.world.version != old_version:
                     self.metrics.world_changes.inc()
-            if to_dict(plan.status) != mem.written and not await self._patch_status(mem, job, plan.status):
+            if to_dict(decision.status) != mem.written and not await self._patch_status(mem, job, decision.status):
                 return False
         finally:
             await prerequisites  # its errors surface here, before any pod is created
-        mem.status = plan.status
-        if plan.delete_job:
-            for ev in plan.events:
+        mem.status = decision.status
+        if decision.delete_job:
+            for ev in decision.events:
                 await self.recorder.post(job, ev.type, ev.reason, ev.message)  # before the job (and its Events) go
             try:
                 await self.kube.request("DELETE", job_path(ns, name), body={"propagationPolicy": "Background"})
@@ -389,26 +389,26 @@ class Reconciler:
                 if e.status != 404:
                     raise
             return False
-        deleted = await self._delete_pods(mem, plan)
-        created = await self._create_pods(mem, job, spec, plan, gang_fields)
-        for reason, count in plan.replaced.items():
+        deleted = await self._delete_pods(mem, decision)
+        created = await self._create_pods(mem, job, spec, decision, gang_fields)
+        for reason, count in decision.replaced.items():
             if count:
                 self.metrics.replacements.labels(reason=reason).inc(count)
         # Pod creations and deletions are announced in one Event per batch,
         # naming every pod: the same story at a fraction of the API calls.
-        for ev in plan.events:
+        for ev in decision.events:
             if ev.reason != "PodDeleted":
                 self.recorder.emit(job, ev.type, ev.reason, ev.message)
         for why, pods in deleted.items():
             self.recorder.emit(job, "Normal", "PodDeleted", f"Deleted worker pods {', '.join(pods)}: {why}")
         if created:
             self.recorder.emit(job, "Normal", "PodCreated", "Created worker pods " + ", ".join(created))
-        if plan.straggler_handled:
+        if decision.straggler_handled:
             mem.verdict = None
             mem.window.clear()
             mem.cooldown_until = time.monotonic() + spec.stragglers.window_seconds
-        if plan.requeue_after is not None:
-            self.queue.add_after(mem.key, plan.requeue_after)
+        if decision.requeue_after is not None:
+            self.queue.add_after(mem.key, decision.requeue_after)
         return True
 
     async def _write_world(self, mem: JobMemory, job: dict[str, Any], world: World, *,
@@ -448,9 +448,9 @@ class Reconciler:
         mem.written = to_dict(status)
         return True
 
-    async def _delete_pods(self, mem: JobMemory, plan: Plan) -> dict[str, list[str]]:
+    async def _delete_pods(self, mem: JobMemory, decision: Decision) -> dict[str, list[str]]:
         ns = mem.key[0]
-        names = list(plan.delete)
+        names = list(decision.delete)
         results = await gather_limited([self.kube.delete(POD.path(ns, n)) for n in names],
                                        self.settings.api_concurrency)
         out: dict[str, list[str]] = {}
@@ -460,14 +460,14 @@ class Reconciler:
             mem.deleting[n] = time.monotonic()
             if r:
                 self.metrics.pods_deleted.inc()
-                out.setdefault(plan.delete[n], []).append(n)
+                out.setdefault(decision.delete[n], []).append(n)
         return out
 
-    async def _create_pods(self, mem: JobMemory, job: dict[str, Any], spec: TrainingJobSpec, plan: Plan,
+    async def _create_pods(self, mem: JobMemory, job: dict[str, Any], spec: TrainingJobSpec, decision: Decision,
                            gang_fields: dict[str, Any]) -> list[str]:
         ns = mem.key[0]
         pods = [build_worker_pod(job, spec, r.index, default_image=self.settings.default_image, gang=gang_fields,
-                                 replaces=r.replaces, avoid=list(r.avoid_nodes)) for r in plan.create]
+                                 replaces=r.replaces, avoid=list(r.avoid_nodes)) for r in decision.create]
         results = await gather_limited([self.kube.create_if_absent(POD.path(ns), p) for p in pods],
                                        self.settings.api_concurrency)
         created = []

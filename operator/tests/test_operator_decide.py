@@ -9,9 +9,9 @@ import pytest
 
 from cohort.operator.api.models import TrainingJobSpec, TrainingJobStatus
 from cohort.operator.api.schema import parse
+from cohort.operator.decide import Decision, Inputs, decide
 from cohort.operator.lifecycle import fmt_time, get_condition
 from cohort.operator.observe import PodView
-from cohort.operator.planner import Inputs, Plan, plan_job
 from cohort.operator.stragglers import Straggler
 from cohort.operator.world import Member, World
 
@@ -29,7 +29,7 @@ def world(version: int, *idx: int, spares: tuple[int, ...] = ()) -> World:
                  spares=tuple(Member(f"j-worker-{i}", f"u{i}", f"10.0.0.{i}") for i in spares))
 
 
-def run(pods, *, spec=None, status=None, w=None, now=NOW, **kw) -> Plan:
+def run(pods, *, spec=None, status=None, w=None, now=NOW, **kw) -> Decision:
     raw = {"replicas": {"min": 2, "max": 4, "target": 2},
            "faultTolerance": {"backoffSeconds": 10, "maxBackoffSeconds": 60, "maxRestarts": 3,
                               "belowMinTimeoutSeconds": 100}}
@@ -37,11 +37,11 @@ def run(pods, *, spec=None, status=None, w=None, now=NOW, **kw) -> Plan:
         raw[k] = {**raw.get(k, {}), **v} if isinstance(v, dict) else v
     job = {"metadata": {"name": "j", "namespace": "ns", "uid": "job-uid", "generation": 7}, "spec": raw}
     st = status or TrainingJobStatus(start_time=fmt_time(now))
-    return plan_job(Inputs(job=job, spec=parse(TrainingJobSpec, raw), status=st, world=w or World(), pods=list(pods),
+    return decide(Inputs(job=job, spec=parse(TrainingJobSpec, raw), status=st, world=w or World(), pods=list(pods),
                            now=now, **kw))
 
 
-def reasons(plan: Plan) -> list[str]:
+def reasons(plan: Decision) -> list[str]:
     return [e.reason for e in plan.events]
 
 
