@@ -36,9 +36,9 @@ def _spec():
 
 def _worker(rank: int, world: int, port: int, dims: ParallelDims, root: str, mode: str) -> None:
     from cohort.trainer.checkpoint import Checkpointer
-    from cohort.trainer.data import ElasticSampler
     from cohort.trainer.parallel.base import PlanContext
     from cohort.trainer.parallel.sharded import MeshPlan
+    from cohort.trainer.sampler import ElasticSampler
     from cohort.trainer.state import TrainState
     from cohort.trainer.sync.base import CommStats
     from cohort.trainer.workloads.workload import build_workload

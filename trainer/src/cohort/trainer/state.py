@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from .data import ElasticSampler
+from .sampler import ElasticSampler
 
 
 class TrainState:

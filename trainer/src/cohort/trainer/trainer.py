@@ -26,13 +26,13 @@ import torch.distributed as dist
 from . import log as logmod
 from .checkpoint import Checkpointer
 from .config import JobConfig, map_path
-from .data import ElasticSampler
 from .faults import Faults
 from .metrics import WorkerMetrics
 from .parallel.base import Plan, PlanContext
 from .parallel.registry import PARALLELISMS
 from .runtime.process_group import Rendezvous, Superseded, pod_ip
 from .runtime.world import StaticWorld, World, world_source_from_env
+from .sampler import ElasticSampler
 from .state import TrainState
 from .sync.base import CommStats
 from .workloads.workload import build_workload, summarize

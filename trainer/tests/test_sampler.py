@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from cohort.trainer.data import ElasticSampler
+from cohort.trainer.sampler import ElasticSampler
 
 
 def consume(s: ElasticSampler, world: int, steps: int) -> list[int]:
