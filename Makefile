@@ -31,9 +31,10 @@ crds:  ## regenerate crds/, the chart's CRD, the trainer's copy and docs/api.md 
 check-generated:  ## fail if generated files are stale
 	@$(PY) -m cohort.operator.api.generate --check
 
-lint:  ## ruff everywhere, mypy on the operator, import rules
+lint:  ## ruff everywhere, mypy on the operator and the trainer
 	@$(VENV)/bin/ruff check .
 	@cd operator && $(VENV)/bin/mypy src
+	@cd trainer && $(VENV)/bin/mypy src
 
 test: binaries  ## everything: lint, generated files, unit, dist, k8s integration and e2e tests
 	@$(MAKE) --no-print-directory lint check-generated

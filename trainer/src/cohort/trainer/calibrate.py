@@ -348,7 +348,7 @@ def calibrate(ps: Sequence[int] = (2, 4), log: Any = print) -> tuple[Hardware, d
     else:
         syncs = ()
     log("transformer block throughput and fixed costs per layer, FSDP unit and microbatch ...")
-    overheads = measure_overheads()
+    overheads: dict[str, Any] = measure_overheads()
     blocks = overheads.pop("block_table")
     # The one-rank numbers miss what only happens with peers (FSDP's copy-in/out around real collectives,
     # DTensor's redistributions); time both over `top` ranks and keep what their collectives' latency

@@ -18,7 +18,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import fsspec
 import torch
@@ -145,7 +145,8 @@ class Checkpointer:
         if self.async_save:
             response = dcp.async_save(state, storage_writer=writer, async_stager=self._async_stager(state), **kwargs)
             self._staging = getattr(response, "staging_completion", None)
-            fut = getattr(response, "upload_completion", response)
+            # A Future, or an AsyncSaveResponse whose upload_completion is one (with an async_stager).
+            fut = cast(Future, getattr(response, "upload_completion", response))
         else:
             dcp.save(state, storage_writer=writer, **kwargs)
             fut = Future()

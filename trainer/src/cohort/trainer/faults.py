@@ -70,9 +70,10 @@ class Faults:
         if self.first_step is None:
             self.first_step = step
         before, self.max_seen = self.max_seen, max(self.max_seen, step)
+        first = self.first_step
 
         def crossing(at: int) -> bool:  # this process reaches step `at` now, for the first time
-            return before < at <= step and self.first_step < max(at, 1)
+            return before < at <= step and first < max(at, 1)
 
         if self.kill_rank == rank and step == self.kill_step and crossing(self.kill_step):
             log.warning("fault injection: SIGKILL self", extra={"step": step, "t": time.time()})

@@ -9,6 +9,7 @@ Any other model is built on the meta device and measured: FLOPs with
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from .planner.profile import BYTES, ModelProfile, transformer_profile
@@ -23,8 +24,8 @@ def profile_spec(spec: Any) -> ModelProfile:
     """The profile of a job spec's model (torch only for models other than the built-in transformer)."""
     w = spec.workload
     if w.model == "transformer" and w.dataset == "synthetic-lm":
-        model = {**defaults.TRANSFORMER, **w.model_args}
-        data = {**defaults.SYNTHETIC_LM, **w.dataset_args}
+        model = {**dataclasses.asdict(defaults.TRANSFORMER), **w.model_args}
+        data = {**dataclasses.asdict(defaults.SYNTHETIC_LM), **w.dataset_args}
         return transformer_profile(model["dim"], model["n_layers"], model["n_heads"], model["ffn_mult"],
                                    data["vocab"], data["seq_len"])
     return _measured_spec(spec)

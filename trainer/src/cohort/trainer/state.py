@@ -55,7 +55,7 @@ class TrainState:
     # --- peer hand-over --------------------------------------------------------
     def broadcast(self, src: int, rank: int, group: dist.ProcessGroup | None = None) -> int:
         """Make every rank's state equal to rank ``src``'s; returns the bytes handed over."""
-        payload = [None]
+        payload: list[bytes | None] = [None]
         if rank == src:
             buf = io.BytesIO()
             torch.save({"model": self.model.state_dict(), "optim": self.optimizer.state_dict(),

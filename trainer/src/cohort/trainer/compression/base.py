@@ -14,6 +14,7 @@ indices) from the same seed instead of receiving them.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
@@ -51,7 +52,8 @@ class Compressor(ABC):
     @classmethod
     def from_spec(cls, compression: Any, **overrides: Any) -> Compressor:
         """Build from ``spec.compression`` (only the fields this compressor's Config declares)."""
-        fields = {f: getattr(compression, f) for f in cls.Config.__dataclass_fields__ if hasattr(compression, f)}
+        fields = {f.name: getattr(compression, f.name) for f in dataclasses.fields(cls.Config)
+                  if hasattr(compression, f.name)}
         return cls(cls.Config(**{**fields, **overrides}))
 
     @abstractmethod

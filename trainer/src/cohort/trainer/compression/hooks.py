@@ -67,7 +67,7 @@ def bf16_hook(group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> torch
     """torch's bf16 hook where it works (NCCL); otherwise the same cast-allreduce-cast on any backend."""
     buffer = bucket.buffer()
     if buffer.is_cuda and dist.get_backend(group) == "nccl":
-        return default_hooks.bf16_compress_hook(group, bucket)
+        return default_hooks.bf16_compress_hook(group, bucket)  # type: ignore[arg-type]  # None: the default group
     world = dist.get_world_size(group)
     compressed = buffer.to(torch.bfloat16).div_(world)
     fut = dist.all_reduce(compressed, group=group, async_op=True).get_future()

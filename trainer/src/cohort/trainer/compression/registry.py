@@ -7,6 +7,7 @@ appears here.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from .base import Compressor
@@ -29,7 +30,8 @@ COMPRESSORS: dict[str, type[Compressor]] = {
 def build_compressor(compression: Any, contractive: bool = False) -> Compressor:
     """The compressor ``spec.compression`` names; ``contractive`` for CHOCO-gossip (where the Config has it)."""
     cls = COMPRESSORS[compression.method]
-    overrides = {"contractive": True} if contractive and "contractive" in cls.Config.__dataclass_fields__ else {}
+    names = {f.name for f in dataclasses.fields(cls.Config)}
+    overrides = {"contractive": True} if contractive and "contractive" in names else {}
     return cls.from_spec(compression, **overrides)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -49,7 +49,7 @@ def _sample(model: nn.Module) -> torch.Tensor | None:
     if hasattr(model, "fc1") and isinstance(model.fc1, nn.Linear) and not hasattr(model, "conv1"):
         return torch.zeros(1, model.fc1.in_features)
     if hasattr(model, "shape"):
-        return torch.zeros(1, *model.shape)
+        return torch.zeros(1, *cast(tuple[int, ...], model.shape))
     return None
 
 

@@ -9,6 +9,7 @@ are packed); pp is outermost, so rank 0 holds the first stage.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -25,7 +26,7 @@ def device_type() -> str:
 
 def build_mesh(dims: ParallelDims) -> DeviceMesh:
     """Collective: every rank of the world calls this with the same dims."""
-    override = None
+    override: dict[int | str, Any] | None = None
     ip = os.environ.get("COHORT_POD_IP")
     if ip and device_type() == "cpu":
         # Pods bind gloo to their own IP (runtime/process_group.py); the mesh's subgroups must too,

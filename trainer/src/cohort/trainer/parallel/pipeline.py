@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 from ..planner.dims import stage_layers
 from ..workloads.models import Transformer
@@ -66,8 +67,12 @@ class Pipeline:
         self.module, self.stage, self.n_stages, self.group = module, stage, n_stages, group
         self.microbatches, self.schedule_name = microbatches, schedule
         self._stage = PipelineStage(module, stage, n_stages, device, group=group)
-        self._schedule = None
+        self._schedule: PipelineScheduleSingle | None = None
         self._loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+
+    def _current_loss(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        assert self._loss_fn is not None, "train_step sets the loss function before the schedule runs"
+        return self._loss_fn(out, target)
 
     @property
     def is_first(self) -> bool:
@@ -84,7 +89,7 @@ class Pipeline:
             # The schedule holds the loss function; it calls through this indirection so a later
             # step's loss_fn is the one used. scale_grads: gradients of the mean microbatch loss.
             self._schedule = SCHEDULES[self.schedule_name](self._stage, self.microbatches,
-                                                           loss_fn=lambda out, tgt: self._loss_fn(out, tgt))
+                                                           loss_fn=self._current_loss)
         self._loss_fn = loss_fn
         losses: list[torch.Tensor] = []
         if self.is_first and self.is_last:

@@ -14,6 +14,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -37,7 +38,7 @@ def gloo_options_bound_to(ip: str) -> object:
 
     Checked by trainer/tests/test_process_group.py on every torch upgrade.
     """
-    opts = dist.ProcessGroupGloo._Options()
+    opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # private, and untyped
     opts._devices = [dist.ProcessGroupGloo.create_device(hostname=ip)]
     return opts
 
@@ -79,7 +80,7 @@ class Rendezvous:
         base = self._host_store() if rank == 0 else self._connect(world, is_newer)
         store = dist.PrefixStore(f"v{world.version}", base)
         self._barrier(store, world, is_newer)
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         if self.bind_ip and not torch.cuda.is_available():
             kwargs["pg_options"] = gloo_options_bound_to(self.my_ip)
         dist.init_process_group(backend_name(), store=dist.PrefixStore("pg", store), rank=rank,

@@ -19,6 +19,7 @@ rounding touches the small update, not the weights.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,7 +104,7 @@ class LocalSGDSync(Sync):
         return ddp
 
     def _hook(self) -> Any:
-        hook = plsgd.post_localSGD_hook
+        hook: Callable[..., Any] = plsgd.post_localSGD_hook
         if self.dtype is not None:
             from ..compression.hooks import cast_wrapper  # compressors are optional machinery
 

@@ -7,6 +7,7 @@ arguments. Nothing is downloaded.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -55,9 +56,9 @@ def synthetic_classification(samples: int = 4096, features: int = 32, classes: i
                 "classification")
 
 
-def synthetic_lm(sequences: int = SYNTHETIC_LM["sequences"], seq_len: int = SYNTHETIC_LM["seq_len"],
-                 vocab: int = SYNTHETIC_LM["vocab"], branching: int = SYNTHETIC_LM["branching"],
-                 seed: int = SYNTHETIC_LM["seed"], test_fraction: float = SYNTHETIC_LM["test_fraction"]) -> Data:
+def synthetic_lm(sequences: int = SYNTHETIC_LM.sequences, seq_len: int = SYNTHETIC_LM.seq_len,
+                 vocab: int = SYNTHETIC_LM.vocab, branching: int = SYNTHETIC_LM.branching,
+                 seed: int = SYNTHETIC_LM.seed, test_fraction: float = SYNTHETIC_LM.test_fraction) -> Data:
     """Token sequences from a sparse random Markov chain: learnable, with a known entropy floor."""
     g = torch.Generator().manual_seed(seed)
     successors = torch.stack([torch.randperm(vocab, generator=g)[:branching] for _ in range(vocab)])
@@ -72,4 +73,4 @@ def synthetic_lm(sequences: int = SYNTHETIC_LM["sequences"], seq_len: int = SYNT
                 DataInfo((seq_len,), vocab_size=vocab, seq_len=seq_len), "lm")
 
 
-DATASETS = {"digits": digits, "synthetic-classification": synthetic_classification, "synthetic-lm": synthetic_lm}
+DATASETS: dict[str, Callable[..., Data]] = {"digits": digits, "synthetic-classification": synthetic_classification, "synthetic-lm": synthetic_lm}

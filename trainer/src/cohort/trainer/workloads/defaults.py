@@ -5,5 +5,28 @@ The models and datasets take their defaults from here, and ``cohort plan``
 without building it.
 """
 
-TRANSFORMER = {"dim": 64, "n_layers": 2, "n_heads": 4, "ffn_mult": 4}
-SYNTHETIC_LM = {"sequences": 2048, "seq_len": 32, "vocab": 64, "branching": 4, "seed": 0, "test_fraction": 0.1}
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TransformerArgs:
+    dim: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    ffn_mult: int = 4
+
+
+@dataclass(frozen=True)
+class SyntheticLMArgs:
+    sequences: int = 2048
+    seq_len: int = 32
+    vocab: int = 64
+    branching: int = 4
+    seed: int = 0
+    test_fraction: float = 0.1
+
+
+TRANSFORMER = TransformerArgs()
+SYNTHETIC_LM = SyntheticLMArgs()

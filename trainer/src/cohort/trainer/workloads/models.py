@@ -112,8 +112,8 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     """A small decoder-only language model."""
 
-    def __init__(self, info: DataInfo, dim: int = TRANSFORMER["dim"], n_layers: int = TRANSFORMER["n_layers"],
-                 n_heads: int = TRANSFORMER["n_heads"], ffn_mult: int = TRANSFORMER["ffn_mult"]):
+    def __init__(self, info: DataInfo, dim: int = TRANSFORMER.dim, n_layers: int = TRANSFORMER.n_layers,
+                 n_heads: int = TRANSFORMER.n_heads, ffn_mult: int = TRANSFORMER.ffn_mult):
         super().__init__()
         if dim % n_heads:
             raise ValueError(f"modelArgs.dim ({dim}) must be divisible by modelArgs.n_heads ({n_heads})")
