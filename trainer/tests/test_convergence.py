@@ -17,18 +17,15 @@ from typing import Any
 import pytest
 import yaml
 
-from cohort.trainer.config import from_manifest
+from cohort.trainer.config import from_manifest, supported_compression
 from cohort.trainer.launcher import run_local
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 
-# The API's supported pairs (operator models, SUPPORTED_COMPRESSION; the trainer may not import them).
-PAIRS = [("allreduce", m) for m in ("none", "fp16", "bf16", "powersgd", "topk", "randomk", "qsgd", "terngrad",
-                                    "signsgd")] + \
-        [("gossip", m) for m in ("none", "fp16", "bf16", "topk", "randomk", "qsgd", "terngrad", "signsgd")] + \
-        [("localsgd", m) for m in ("none", "fp16", "bf16")]
+# The API's supported pairs (the operator models' SUPPORTED_COMPRESSION, as generated for the trainer).
+PAIRS = [(sync, method) for sync, methods in supported_compression().items() for method in methods]
 
 # Manifest settings that differ from the defaults, per pair.
 TUNED: dict[tuple[str, str], dict[str, Any]] = {

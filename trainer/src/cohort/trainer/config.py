@@ -162,13 +162,12 @@ def parse_document(doc: Any, source: str = "config") -> JobConfig:
                      rendezvous_port=int(runtime.get("rendezvousPort", DEFAULT_RDZV_PORT)))
 
 
-# Compressors each sync algorithm can use (the operator's SUPPORTED_COMPRESSION; a contract test
-# keeps the two equal). Gossip compresses parameter differences, local SGD averages densely.
-SUPPORTED_COMPRESSION: dict[str, tuple[str, ...] | None] = {
-    "allreduce": None,  # every method
-    "gossip": ("none", "fp16", "bf16", "topk", "randomk", "qsgd", "terngrad", "signsgd"),
-    "localsgd": ("none", "fp16", "bf16"),
-}
+@cache
+def supported_compression() -> dict[str, tuple[str, ...]]:
+    """Compressors each sync algorithm can use: the API models' SUPPORTED_COMPRESSION, as
+    `make crds` wrote it into data/compatibility.json (`make check-generated` keeps it current)."""
+    doc = json.loads((Path(__file__).parent / "data" / "compatibility.json").read_text())
+    return {sync: tuple(methods) for sync, methods in doc["supportedCompression"].items()}
 
 
 def _check_rules(spec: dict[str, Any]) -> None:
@@ -181,8 +180,8 @@ def _check_rules(spec: dict[str, Any]) -> None:
     if w["epochs"] <= 0 and w["maxSteps"] <= 0:
         raise ConfigError("spec.workload.epochs: one of epochs or maxSteps must be > 0")
     sync, method, strategy = spec["sync"]["algorithm"], spec["compression"]["method"], spec["parallelism"]["strategy"]
-    allowed = SUPPORTED_COMPRESSION[sync]
-    if allowed is not None and method not in allowed:
+    allowed = supported_compression()[sync]
+    if method not in allowed:
         raise ConfigError(f"spec.compression.method: {method} is not supported with spec.sync.algorithm {sync} "
                           f"(supported: {', '.join(allowed)})")
     if method != "none" and strategy not in ("data", "auto"):

@@ -4,13 +4,15 @@
 
 Outputs: crds/trainingjobs.cohort.dev.yaml, the Helm chart's copy (behind
 ``crds.enabled``), the trainer's package-data copy (used to default manifests
-run with ``cohort run --local``), and docs/api.md.
+run with ``cohort run --local``) with compatibility.json (the supported
+sync x compression pairs, which the trainer also checks), and docs/api.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import typing
 from pathlib import Path
@@ -115,12 +117,20 @@ def render_api_md() -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_compatibility() -> str:
+    """What the trainer checks beyond the schema, from the models (the trainer may not import them)."""
+    doc = {"_generated": "by `make crds` from cohort.operator.api.models. Do not edit.",
+           "supportedCompression": {sync: list(methods) for sync, methods in models.SUPPORTED_COMPRESSION.items()}}
+    return json.dumps(doc, indent=1) + "\n"
+
+
 def outputs(root: Path) -> dict[Path, str]:
     crd = render_crd_yaml()
     return {
         root / "crds/trainingjobs.cohort.dev.yaml": crd,
         root / "helm/cohort/templates/crd-trainingjobs.yaml": render_chart_crd(),
         root / "trainer/src/cohort/trainer/data/trainingjob-crd.yaml": crd,
+        root / "trainer/src/cohort/trainer/data/compatibility.json": render_compatibility(),
         root / "docs/api.md": render_api_md(),
     }
 

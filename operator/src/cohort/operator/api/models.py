@@ -41,11 +41,28 @@ PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
 # Which compressors each sync algorithm can use. Gossip exchanges parameters
 # (CHOCO-style compressed differences), local SGD averages parameters densely,
 # so PowerSGD's low-rank gradient factorisation only fits allreduce.
+# Declared once: the CEL rule and its message below, the trainer's check (through the
+# generated trainer/src/cohort/trainer/data/compatibility.json) and docs/api.md derive from it.
 SUPPORTED_COMPRESSION: dict[str, tuple[str, ...]] = {
     "allreduce": CompressionMethod.__args__,  # type: ignore[attr-defined]
     "gossip": ("none", "fp16", "bf16", "topk", "randomk", "qsgd", "terngrad", "signsgd"),
     "localsgd": ("none", "fp16", "bf16"),
 }
+ALL_COMPRESSION: tuple[str, ...] = CompressionMethod.__args__  # type: ignore[attr-defined]
+
+
+def _supported_compression_cel() -> str:
+    def one(sync: str, methods: tuple[str, ...]) -> str:
+        if set(methods) == set(ALL_COMPRESSION):
+            return f"self.sync.algorithm == '{sync}'"
+        listed = ", ".join(f"'{m}'" for m in methods)
+        return f"(self.sync.algorithm == '{sync}' && self.compression.method in [{listed}])"
+    return " || ".join(one(sync, methods) for sync, methods in SUPPORTED_COMPRESSION.items())
+
+
+def _supported_compression_text() -> str:
+    return "; ".join(f"{sync}: {'any' if set(methods) == set(ALL_COMPRESSION) else ', '.join(methods)}"
+                     for sync, methods in SUPPORTED_COMPRESSION.items())
 
 
 def _name_pattern(builtins: tuple[str, ...]) -> str:
@@ -243,11 +260,9 @@ class TrainingJobSpec:
                  s.replicas.min % (s.parallelism.tensor * s.parallelism.pipeline) == 0
                  and s.replicas.max % (s.parallelism.tensor * s.parallelism.pipeline) == 0),
              field_path=".replicas"),
-        Rule(cel="self.sync.algorithm == 'allreduce' || "
-                 "(self.sync.algorithm == 'gossip' && self.compression.method != 'powersgd') || "
-                 "(self.sync.algorithm == 'localsgd' && self.compression.method in ['none', 'fp16', 'bf16'])",
+        Rule(cel=_supported_compression_cel(),
              message="spec.compression.method is not supported with this spec.sync.algorithm "
-                     "(gossip: not powersgd; localsgd: none, fp16 or bf16)",
+                     f"({_supported_compression_text()})",
              check=lambda s: s.compression.method in SUPPORTED_COMPRESSION[s.sync.algorithm],
              field_path=".compression.method"),
         Rule(cel="self.compression.method == 'none' || self.parallelism.strategy in ['data', 'auto']",
