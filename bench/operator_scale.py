@@ -56,6 +56,7 @@ TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSc
 
 def job_spec(workers: int) -> dict[str, Any]:
     return {
+        "workload": {"model": "mlp", "dataset": "digits"},
         "replicas": {"min": workers, "max": workers, "target": workers},
         "scheduling": {"nodeSelector": {NODE_LABEL: "true"}, "tolerations": [TOLERATION]},
         "stragglers": {"policy": "ignore"},

@@ -20,13 +20,20 @@ from cohort.operator.pods import avoid_nodes, build_worker_pod
 from cohort.operator.world import Member, World
 
 
+def with_workload(spec: dict | None) -> dict:
+    """A fragment with the digits MLP as its workload (a job must say what it trains; as in conftest)."""
+    out = dict(spec or {})
+    out["workload"] = {"model": "mlp", "dataset": "digits", **out.get("workload", {})}
+    return out
+
+
 def make_job(name: str = "digits", spec: dict | None = None) -> dict:
     """A stored TrainingJob: every default applied (as in conftest.make_job)."""
     from cohort.operator.api.schema import to_dict
 
     return {"apiVersion": "cohort.dev/v1alpha1", "kind": "TrainingJob",
             "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "generation": 1},
-            "spec": to_dict(parse(TrainingJobSpec, spec or {}))}
+            "spec": to_dict(parse(TrainingJobSpec, with_workload(spec)))}
 
 
 def pod_for(spec: dict | None = None, **kwargs):

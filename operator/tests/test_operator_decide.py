@@ -30,7 +30,7 @@ def world(version: int, *idx: int, spares: tuple[int, ...] = ()) -> World:
 
 
 def run(pods, *, spec=None, status=None, w=None, now=NOW, **kw) -> Decision:
-    raw = {"replicas": {"min": 2, "max": 4, "target": 2},
+    raw = {"workload": {"model": "mlp", "dataset": "digits"}, "replicas": {"min": 2, "max": 4, "target": 2},
            "faultTolerance": {"backoffSeconds": 10, "maxBackoffSeconds": 60, "maxRestarts": 3,
                               "belowMinTimeoutSeconds": 100}}
     for k, v in (spec or {}).items():

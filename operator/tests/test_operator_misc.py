@@ -41,7 +41,8 @@ def test_gang_api_preference():
 
 
 def test_gang_objects_and_pod_fields():
-    spec = parse(TrainingJobSpec, {"replicas": {"min": 3, "max": 4, "target": 4}})
+    spec = parse(TrainingJobSpec, {"workload": {"model": "mlp", "dataset": "digits"},
+                                   "replicas": {"min": 3, "max": 4, "target": 4}})
     job = {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}}
     by = {c.flavour: c for c in CANDIDATES}
     assert build_gang_object(by["scheduler-plugins"], job, spec)["spec"] == {"minMember": 3}

@@ -25,7 +25,8 @@ ACCEPTED = [("allreduce", m) for m in ("none", "fp16", "bf16", "powersgd", "topk
 
 def job(name: str, sync: str, method: str) -> dict:
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingJob", "metadata": {"name": name},
-            "spec": {"sync": {"algorithm": sync}, "compression": {"method": method}}}
+            "spec": {"workload": {"model": "mlp", "dataset": "digits"}, "sync": {"algorithm": sync},
+                     "compression": {"method": method}}}
 
 
 @pytest.mark.parametrize(("sync", "method"), REFUSED, ids=[f"{s}-{m}" for s, m in REFUSED])

@@ -76,10 +76,10 @@ def test_garbage_collector_deletes_owned_objects(cluster, namespace):
 
 def test_trainingjob_crd_is_served_with_defaults(cluster, namespace):
     job = {"apiVersion": "cohort.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "served"},
-           "spec": {"replicas": {"min": 1, "max": 2, "target": 1}}}
+           "spec": {"workload": {"model": "mlp", "dataset": "digits"}, "replicas": {"min": 1, "max": 2, "target": 1}}}
     cluster.create_job(namespace, job)
     got = cluster.get_job(namespace, "served")
-    assert got["spec"]["workload"]["model"] == "mlp"  # defaulted by the API server from the schema
+    assert got["spec"]["workload"]["batchSize"] == 64  # defaulted by the API server from the schema
     assert got["spec"]["checkpoint"]["keep"] == 3
 
 

@@ -60,9 +60,19 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
-def manifest(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+WORKLOAD = {"model": "mlp", "dataset": "digits"}
+
+
+def with_workload(spec: dict[str, Any]) -> dict[str, Any]:
+    """A fragment made a whole spec: the cases test other fields, so they train the digits MLP."""
+    out = copy.deepcopy(spec)
+    out["workload"] = {**WORKLOAD, **out.get("workload", {})}
+    return out
+
+
+def manifest(name: str, spec: dict[str, Any], *, whole: bool = False) -> dict[str, Any]:
     return {"apiVersion": "cohort.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
-            "spec": copy.deepcopy(spec)}
+            "spec": copy.deepcopy(spec) if whole else with_workload(spec)}
 
 
 def test_the_table_is_big_enough():
@@ -72,13 +82,27 @@ def test_the_table_is_big_enough():
 @pytest.mark.parametrize("spec,field", [(c[1], c[2]) for c in INVALID], ids=[c[0] for c in INVALID])
 def test_python_validation_refuses_and_names_the_field(spec, field):
     with pytest.raises(ValidationError) as err:
-        parse(TrainingJobSpec, copy.deepcopy(spec))
+        parse(TrainingJobSpec, with_workload(spec))
     assert field in str(err.value), str(err.value)
 
 
+# A job must say what it trains: no workload, or one without a model or a dataset, is refused.
+UNSAID = [("no-workload", {}, "spec.workload"),
+          ("no-model", {"workload": {"dataset": "digits"}}, "spec.workload.model"),
+          ("no-dataset", {"workload": {"model": "mlp"}}, "spec.workload.dataset")]
+
+
+@pytest.mark.parametrize("spec,field", [(c[1], c[2]) for c in UNSAID], ids=[c[0] for c in UNSAID])
+def test_a_job_must_say_what_it_trains(spec, field):
+    with pytest.raises(ValidationError) as err:
+        parse(TrainingJobSpec, copy.deepcopy(spec))
+    assert str(err.value).startswith(f"{field}: required field is missing"), str(err.value)
+
+
 def test_resources_take_kubernetes_quantities():
-    spec = parse(TrainingJobSpec, {"resources": {"limits": {"cpu": "500m", "memory": "2Gi", "nvidia.com/gpu": 1},
-                                                 "requests": {"cpu": "0.5", "memory": "1.5e9"}}})
+    spec = parse(TrainingJobSpec, with_workload(
+        {"resources": {"limits": {"cpu": "500m", "memory": "2Gi", "nvidia.com/gpu": 1},
+                       "requests": {"cpu": "0.5", "memory": "1.5e9"}}}))
     assert spec.resources.limits == {"cpu": "500m", "memory": "2Gi", "nvidia.com/gpu": 1}
     assert spec.resources.requests == {"cpu": "0.5", "memory": "1.5e9"} and spec.resources.claims == []
 
@@ -93,6 +117,14 @@ def test_api_server_refuses_every_invalid_manifest_naming_the_field(cluster, nam
             # 422: schema or CEL; 400: strict decoding (unknown fields)
             if e.status not in (400, 422) or field not in (e.body or ""):
                 misses.append(f"{case_id}: HTTP {e.status}, field {field} not named in {e.body}")
+            continue
+        misses.append(f"{case_id}: accepted")
+    for case_id, spec, field in UNSAID:
+        try:
+            cluster.create_job(namespace, manifest(case_id, spec, whole=True))
+        except ApiException as e:
+            if e.status != 422 or field not in (e.body or "") or "Required value" not in (e.body or ""):
+                misses.append(f"{case_id}: HTTP {e.status}, {field} not named as required in {e.body}")
             continue
         misses.append(f"{case_id}: accepted")
     assert not misses, "\n".join(misses)

@@ -139,6 +139,7 @@ def operator_fixture(cluster: Cluster, namespace: str, tmp_path: Path, request: 
 def job_manifest(name: str, *, manual: bool = False, **sections: Any) -> dict[str, Any]:
     """A small TrainingJob for kwok nodes with short timers; ``sections`` override spec sections."""
     spec: dict[str, Any] = {
+        "workload": {"model": "mlp", "dataset": "digits"},
         "replicas": {"min": 2, "max": 4, "target": 2},
         "faultTolerance": {"backoffSeconds": 1, "maxBackoffSeconds": 2, "maxRestarts": 5,
                            "belowMinTimeoutSeconds": 60},

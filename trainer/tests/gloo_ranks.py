@@ -34,7 +34,8 @@ def job_spec(sync: str = "allreduce", method: str = "none", topology: str = "rin
              **compression: Any) -> Any:
     """A defaulted spec (the trainer's own config view) with the given sync and compression."""
     manifest = {"apiVersion": "cohort.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "t"},
-                "spec": {"sync": {"algorithm": sync, "topology": topology, "period": period},
+                "spec": {"workload": {"model": "mlp", "dataset": "digits"},
+                         "sync": {"algorithm": sync, "topology": topology, "period": period},
                          "compression": {"method": method, **compression}}}
     return from_manifest(manifest).spec
 

@@ -19,7 +19,7 @@ from .models import (
     TrainingJobSpec,
     TrainingJobStatus,
 )
-from .schema import openapi_schema, to_dict
+from .schema import openapi_schema
 
 SHORT_NAMES = ["tj"]
 CATEGORIES = ["all", "cohort"]
@@ -42,8 +42,7 @@ PRINTER_COLUMNS = [
 
 
 def build_crd() -> dict[str, Any]:
-    spec_schema = openapi_schema(TrainingJobSpec)
-    spec_schema["default"] = to_dict(TrainingJobSpec())
+    spec_schema = openapi_schema(TrainingJobSpec)  # no default: a job must say what it trains
     status_schema = openapi_schema(TrainingJobStatus)
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -84,6 +83,7 @@ def build_crd() -> dict[str, Any]:
                         "spec": spec_schema,
                         "status": status_schema,
                     },
+                    "required": ["spec"],
                 }},
             }],
         },

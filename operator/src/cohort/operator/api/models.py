@@ -83,7 +83,7 @@ class Optimizer:
         "linear", doc="How lr scales with the data-parallel world size relative to replicas.target.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Workload:
     """What to train: model, data, schedule."""
 
@@ -93,11 +93,11 @@ class Workload:
              check=lambda w: w.epochs > 0 or w.max_steps > 0, field_path=".epochs"),
     )
 
-    model: str = field("mlp", pattern=_name_pattern(BUILTIN_MODELS),
+    model: str = field(pattern=_name_pattern(BUILTIN_MODELS),
                        pattern_message="must be one of mlp, convnet, transformer or 'pkg.module:function'",
                        doc="Built-in model (mlp, convnet, transformer) or a user entry point 'pkg.module:function'.")
     model_args: dict[str, Any] = field({}, free_form=True, doc="Free-form arguments for the model.")
-    dataset: str = field("digits", pattern=_name_pattern(BUILTIN_DATASETS),
+    dataset: str = field(pattern=_name_pattern(BUILTIN_DATASETS),
                          pattern_message="must be one of digits, synthetic-classification, synthetic-lm or 'pkg.module:function'",
                          doc="Built-in dataset (digits, synthetic-classification, synthetic-lm) or 'pkg.module:function'.")
     dataset_args: dict[str, Any] = field({}, free_form=True, doc="Free-form arguments for the dataset.")
@@ -246,7 +246,7 @@ class Resources:
     claims: list[ResourceClaim] = field([], doc="Dynamic resource claims the worker uses.")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainingJobSpec:
     """TrainingJobSpec is the desired state of an elastic training job."""
 
@@ -277,7 +277,7 @@ class TrainingJobSpec:
     )
 
     image: str = field("", doc="Trainer image. Empty: the operator's default image.")
-    workload: Workload = field(Workload, doc="What to train.")
+    workload: Workload = field(doc="What to train: a job must name its model and dataset.")
     replicas: Replicas = field(Replicas, doc="Elastic worker counts.")
     resources: Resources = field(Resources, doc="core/v1 ResourceRequirements of each worker.")
     parallelism: Parallelism = field(Parallelism, doc="Parallelism strategy.")
