@@ -7,7 +7,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 missing=()
 for p in $HOST_PACKAGES; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  grep -q "install ok installed" <<<"$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" || missing+=("$p")
 done
 [[ ${#missing[@]} == 0 ]] && exit 0
 [[ $(id -u) == 0 ]] || die "real nodes need these Debian packages, and installing them needs root: ${missing[*]}"

@@ -166,7 +166,10 @@ import_all() {  # socket markdir: import every image this runtime does not hold 
     log "importing $(ref_of "$img") into $sock"
     # Unpacked layers are dropped from the content store (the snapshots hold them).
     ctr_ "$sock" images import --local --discard-unpacked-layers "$out" >/dev/null || true
-    ctr_ "$sock" images ls -q 2>/dev/null | grep -q -e "/$(ref_of "$img")\$" -e "^$(ref_of "$img")\$" \
+    # The whole list first: `ls | grep -q` under pipefail fails when grep stops reading early
+    # and ctr dies of SIGPIPE (it did, once the node held enough image names).
+    local names; names=$(ctr_ "$sock" images ls -q 2>/dev/null || true)
+    grep -q -e "/$(ref_of "$img")\$" -e "^$(ref_of "$img")\$" <<<"$names" \
       || die "ctr import of $out into $sock failed"
     rm -f "$marks/imported-$img-"*
     touch "$mark"

@@ -155,7 +155,7 @@ write_node_files() {  # i
   local i=$1 name dir ip port
   name=$(node_name "$i"); dir="$NODES_DIR/$name"; ip=$(gateway_ip "$i"); port=$((KUBELET_PORT + i))
   mkdir -p "$dir"/{kubelet,pod-logs,cni/net.d,cni/ipam} "$RUN_DIR/node-$i" "$CTRD_ROOTS/$name"
-  openssl x509 -noout -ext subjectAltName -in "$PKI/$name.crt" 2>/dev/null | grep -q "IP Address:$NODE_IP\b" \
+  grep -q "IP Address:$NODE_IP\b" <<<"$(openssl x509 -noout -ext subjectAltName -in "$PKI/$name.crt" 2>/dev/null)" \
     || sign_cert "$name" "/O=system:nodes/CN=system:node:$name" "DNS:$name,IP:$NODE_IP"
   write_kubeconfig "$dir/kubeconfig" "$name"
   cat > "$dir/cni/net.d/10-cohort.conflist" <<JSON
@@ -373,7 +373,7 @@ YAML
   wait_until kube-router 60 "$PIDS/kube-router.pid" netpol_hooked
 }
 
-netpol_hooked() { iptables -S FORWARD | grep -q -- '-j KUBE-ROUTER-FORWARD'; }
+netpol_hooked() { grep -q -- '-j KUBE-ROUTER-FORWARD' <<<"$(iptables -S FORWARD)"; }
 
 start_provisioner() {
   local ns=local-path-storage dir="$NODES_DIR/local-path"
@@ -439,7 +439,7 @@ YAML
 own_pids() {  # pids whose command line names this cluster's runtime paths (shims, pause, containers' parents)
   local p
   for p in /proc/[0-9]*; do
-    tr '\0' ' ' < "$p/cmdline" 2>/dev/null | grep -q -e "$RUN_DIR/node-" -e "$NODES_DIR/" -e "$CTRD_ROOTS/" \
+    grep -q -e "$RUN_DIR/node-" -e "$NODES_DIR/" -e "$CTRD_ROOTS/" <<<"$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null)" \
       && echo "${p#/proc/}"
   done
 }
