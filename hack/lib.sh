@@ -83,3 +83,24 @@ current-context: cohort-local
 KC
   chmod 600 "$1"
 }
+
+local_user() {  # name kubeconfig rules-yaml: the identity cohort:<name> for a component of the local
+  # cluster: a client certificate (signed once), a kubeconfig, and a ClusterRole with these rules
+  # bound to it. Applied with the caller's admin "${KUBECTL[@]}".
+  [[ -f $PKI/$1.crt ]] || sign_cert "$1" "/CN=cohort:$1"
+  write_kubeconfig "$2" "$1"
+  "${KUBECTL[@]}" apply -f - >/dev/null <<YAML
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "cohort:$1"}
+rules:
+$3
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "cohort:$1"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "cohort:$1"}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: "cohort:$1"}
+YAML
+}

@@ -340,30 +340,16 @@ up() {
 }
 
 start_network_policy() {
-  [[ -f $PKI/kube-router.crt ]] || sign_cert kube-router "/CN=cohort:kube-router"
-  write_kubeconfig "$NODES_DIR/kube-router.kubeconfig" kube-router
-  "${KUBECTL[@]}" apply -f - >/dev/null <<YAML
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: "cohort:kube-router"}
-rules:
-- apiGroups: [""]
+  # It watches Services (and their endpoints) even with its service proxy off.
+  local_user kube-router "$NODES_DIR/kube-router.kubeconfig" '- apiGroups: [""]
   resources: [pods, namespaces, nodes, services, endpoints]
   verbs: [get, list, watch]
-- apiGroups: [discovery.k8s.io]  # it watches Services even with its service proxy off
+- apiGroups: [discovery.k8s.io]
   resources: [endpointslices]
   verbs: [get, list, watch]
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [get, list, watch]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: "cohort:kube-router"}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "cohort:kube-router"}
-subjects:
-- {apiGroup: rbac.authorization.k8s.io, kind: User, name: "cohort:kube-router"}
-YAML
+  verbs: [get, list, watch]'
   log "starting kube-router $KUBE_ROUTER_VERSION (NetworkPolicy only: iptables + ipset)"
   start kube-router "$KUBE_ROUTER" --kubeconfig "$NODES_DIR/kube-router.kubeconfig" \
     --hostname-override "$(node_name 0)" --run-firewall=true --run-router=false --run-service-proxy=false \

@@ -39,26 +39,11 @@ URL="http://127.0.0.1:$PORT"
 ready() { curl -sf "$URL/-/ready" >/dev/null; }
 healthy() { pid_alive "$PIDFILE" && ready; }
 
-identity() {  # cohort:prometheus: a client certificate, its RBAC, and a kubeconfig in $STATE
+identity() {  # cohort:prometheus, with a kubeconfig in $STATE
   mkdir -p "$STATE"
-  [[ -f $PKI/prometheus.crt ]] || sign_cert prometheus "/CN=cohort:prometheus"
-  write_kubeconfig "$STATE/kubeconfig" prometheus
-  "${KUBECTL[@]}" apply -f - >/dev/null <<YAML
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: "cohort:prometheus"}
-rules:
-- apiGroups: [""]
+  local_user prometheus "$STATE/kubeconfig" '- apiGroups: [""]
   resources: [pods, nodes]
-  verbs: [get, list, watch]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: "cohort:prometheus"}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "cohort:prometheus"}
-subjects:
-- {apiGroup: rbac.authorization.k8s.io, kind: User, name: "cohort:prometheus"}
-YAML
+  verbs: [get, list, watch]'
 }
 
 render() {  # the config and the rules file, into $STATE
