@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
+from tests.support.specs import with_workload
 
 from cohort.operator.api.models import TrainingJobSpec
 from cohort.operator.api.schema import parse, to_dict
-
-# A job must say what it trains; tests that do not care train the digits MLP.
-WORKLOAD = {"model": "mlp", "dataset": "digits"}
-
-
-def with_workload(spec: dict[str, Any] | None) -> dict[str, Any]:
-    """``spec`` (a fragment), with the workload's model and dataset filled in where it names none."""
-    out = copy.deepcopy(spec or {})
-    out["workload"] = {**WORKLOAD, **out.get("workload", {})}
-    return out
 
 
 def make_job(name: str = "digits", namespace: str = "ns", spec: dict[str, Any] | None = None,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from tests.support.specs import with_workload
+
 from cohort.operator.api.models import TrainingJobSpec
 from cohort.operator.api.schema import parse
 from cohort.operator.jobconfig import build_job_config, render_job_config
@@ -18,13 +20,6 @@ from cohort.operator.manifests import (
 )
 from cohort.operator.pods import avoid_nodes, build_worker_pod
 from cohort.operator.world import Member, World
-
-
-def with_workload(spec: dict | None) -> dict:
-    """A fragment with the digits MLP as its workload (a job must say what it trains; as in conftest)."""
-    out = dict(spec or {})
-    out["workload"] = {"model": "mlp", "dataset": "digits", **out.get("workload", {})}
-    return out
 
 
 def make_job(name: str = "digits", spec: dict | None = None) -> dict:

@@ -6,6 +6,7 @@ import dataclasses
 import datetime as dt
 
 import pytest
+from tests.support.specs import WORKLOAD
 
 from cohort.operator.api.models import TrainingJobSpec, TrainingJobStatus
 from cohort.operator.api.schema import parse
@@ -30,7 +31,7 @@ def world(version: int, *idx: int, spares: tuple[int, ...] = ()) -> World:
 
 
 def run(pods, *, spec=None, status=None, w=None, now=NOW, **kw) -> Decision:
-    raw = {"workload": {"model": "mlp", "dataset": "digits"}, "replicas": {"min": 2, "max": 4, "target": 2},
+    raw = {"workload": dict(WORKLOAD), "replicas": {"min": 2, "max": 4, "target": 2},
            "faultTolerance": {"backoffSeconds": 10, "maxBackoffSeconds": 60, "maxRestarts": 3,
                               "belowMinTimeoutSeconds": 100}}
     for k, v in (spec or {}).items():

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 
+from tests.support.specs import with_workload
+
 from cohort.operator.api.models import TrainingJobSpec
 from cohort.operator.api.schema import parse
 from cohort.operator.gang import CANDIDATES, build_gang_object, choose_gang_api, gang_pod_fields
@@ -41,8 +43,7 @@ def test_gang_api_preference():
 
 
 def test_gang_objects_and_pod_fields():
-    spec = parse(TrainingJobSpec, {"workload": {"model": "mlp", "dataset": "digits"},
-                                   "replicas": {"min": 3, "max": 4, "target": 4}})
+    spec = parse(TrainingJobSpec, with_workload({"replicas": {"min": 3, "max": 4, "target": 4}}))
     job = {"metadata": {"name": "j", "namespace": "ns", "uid": "u"}}
     by = {c.flavour: c for c in CANDIDATES}
     assert build_gang_object(by["scheduler-plugins"], job, spec)["spec"] == {"minMember": 3}

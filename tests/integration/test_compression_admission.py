@@ -12,6 +12,7 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from tests.support.kube import GROUP, PLURAL, VERSION
+from tests.support.specs import with_workload
 
 pytestmark = pytest.mark.k8s
 
@@ -25,8 +26,7 @@ ACCEPTED = [("allreduce", m) for m in ("none", "fp16", "bf16", "powersgd", "topk
 
 def job(name: str, sync: str, method: str) -> dict:
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingJob", "metadata": {"name": name},
-            "spec": {"workload": {"model": "mlp", "dataset": "digits"}, "sync": {"algorithm": sync},
-                     "compression": {"method": method}}}
+            "spec": with_workload({"sync": {"algorithm": sync}, "compression": {"method": method}})}
 
 
 @pytest.mark.parametrize(("sync", "method"), REFUSED, ids=[f"{s}-{m}" for s, m in REFUSED])

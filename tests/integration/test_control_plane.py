@@ -12,6 +12,7 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from tests.support.kube import wait_for
+from tests.support.specs import with_workload
 
 pytestmark = pytest.mark.k8s
 REPO = Path(__file__).resolve().parents[2]
@@ -76,7 +77,7 @@ def test_garbage_collector_deletes_owned_objects(cluster, namespace):
 
 def test_trainingjob_crd_is_served_with_defaults(cluster, namespace):
     job = {"apiVersion": "cohort.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "served"},
-           "spec": {"workload": {"model": "mlp", "dataset": "digits"}, "replicas": {"min": 1, "max": 2, "target": 1}}}
+           "spec": with_workload({"replicas": {"min": 1, "max": 2, "target": 1}})}
     cluster.create_job(namespace, job)
     got = cluster.get_job(namespace, "served")
     assert got["spec"]["workload"]["batchSize"] == 64  # defaulted by the API server from the schema

@@ -16,6 +16,7 @@ from kubernetes.client.rest import ApiException
 
 from cohort.operator.api.models import TrainingJobSpec
 from cohort.operator.api.schema import ValidationError, parse
+from tests.support.specs import with_workload
 
 # (id, spec fragment, the field the refusal must name)
 INVALID: list[tuple[str, dict[str, Any], str]] = [
@@ -58,16 +59,6 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("typo-in-resources", {"resources": {"limit": {"cpu": 1}}}, "spec.resources.limit"),
     ("claim-without-name", {"resources": {"claims": [{"request": "gpu"}]}}, "spec.resources.claims[0].name"),
 ]
-
-
-WORKLOAD = {"model": "mlp", "dataset": "digits"}
-
-
-def with_workload(spec: dict[str, Any]) -> dict[str, Any]:
-    """A fragment made a whole spec: the cases test other fields, so they train the digits MLP."""
-    out = copy.deepcopy(spec)
-    out["workload"] = {**WORKLOAD, **out.get("workload", {})}
-    return out
 
 
 def manifest(name: str, spec: dict[str, Any], *, whole: bool = False) -> dict[str, Any]:

@@ -29,6 +29,7 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from tests.support.kube import Cluster, condition, wait_for
+from tests.support.specs import WORKLOAD
 
 REPO = Path(__file__).resolve().parents[2]
 MANUAL_SCHEDULER = "manual"  # no scheduler serves it: tests bind pods themselves
@@ -139,7 +140,7 @@ def operator_fixture(cluster: Cluster, namespace: str, tmp_path: Path, request: 
 def job_manifest(name: str, *, manual: bool = False, **sections: Any) -> dict[str, Any]:
     """A small TrainingJob for kwok nodes with short timers; ``sections`` override spec sections."""
     spec: dict[str, Any] = {
-        "workload": {"model": "mlp", "dataset": "digits"},
+        "workload": dict(WORKLOAD),
         "replicas": {"min": 2, "max": 4, "target": 2},
         "faultTolerance": {"backoffSeconds": 1, "maxBackoffSeconds": 2, "maxRestarts": 5,
                            "belowMinTimeoutSeconds": 60},

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from tests.support.specs import WORKLOAD
 
 from cohort.trainer.config import from_manifest
 
@@ -34,7 +35,7 @@ def job_spec(sync: str = "allreduce", method: str = "none", topology: str = "rin
              **compression: Any) -> Any:
     """A defaulted spec (the trainer's own config view) with the given sync and compression."""
     manifest = {"apiVersion": "cohort.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "t"},
-                "spec": {"workload": {"model": "mlp", "dataset": "digits"},
+                "spec": {"workload": dict(WORKLOAD),
                          "sync": {"algorithm": sync, "topology": topology, "period": period},
                          "compression": {"method": method, **compression}}}
     return from_manifest(manifest).spec

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from tests.support.specs import with_workload
 
 from cohort.trainer.config import ConfigError, from_manifest, load_config, map_path, parse_document
 
@@ -12,7 +13,7 @@ from cohort.trainer.config import ConfigError, from_manifest, load_config, map_p
 def manifest(spec: dict, *, whole: bool = False) -> dict:
     """A manifest; a fragment gets the digits MLP as its workload (a job must say what it trains)."""
     if not whole:
-        spec = {**spec, "workload": {"model": "mlp", "dataset": "digits", **spec.get("workload", {})}}
+        spec = with_workload(spec)
     return {"apiVersion": "cohort.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "t"}, "spec": spec}
 
 
@@ -80,7 +81,8 @@ def test_cohort_train_reads_the_config_path_from_cohort_config(monkeypatch):
         cli.build_parser().parse_args(["train"])
 
 
-@pytest.mark.parametrize("spec, field", [({}, "spec.workload"), ({"workload": {"dataset": "digits"}}, "spec.workload.model"),
+@pytest.mark.parametrize("spec, field", [({}, "spec.workload"),
+                                         ({"workload": {"dataset": "digits"}}, "spec.workload.model"),
                                          ({"workload": {"model": "mlp"}}, "spec.workload.dataset")])
 def test_a_job_must_say_what_it_trains(spec, field):
     with pytest.raises(ConfigError, match=f"^{field}: required field is missing"):
