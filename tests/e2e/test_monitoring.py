@@ -138,7 +138,8 @@ def scenario(cluster: Cluster, prometheus: Prometheus, real_nodes):  # noqa: F81
         wait_query(prom, steps, lambda r: r and float(r[0]["value"][1]) > at_recovery, timeout_s,
                    "steps moving again after the recovery")
         t_end = time.time()
-        yield {"ns": ns, "prom": prom, "texts": texts, "reach": reach, "t_start": t_start, "t_kill": t_kill, "t_end": t_end,
+        yield {"ns": ns, "prom": prom, "texts": texts, "reach": reach,
+               "t_start": t_start, "t_kill": t_kill, "t_end": t_end,
                "victim": victim, "survivors": survivors, "before": before,
                "after": {s["metric"]["pod"]: float(s["value"][1]) for s in after}}
     finally:

@@ -114,8 +114,9 @@ def decide(observed: Inputs) -> Decision:
         if not view.owned:
             decision.remove(view, "carries the job's labels but was not created for it")
             if not view.terminating:
-                decision.event("ExtraPodDeleted", f"Deleted pod {view.name}: it carries the job's labels but is not its worker",
-                        warning=True)
+                decision.event("ExtraPodDeleted",
+                               f"Deleted pod {view.name}: it carries the job's labels but is not its worker",
+                               warning=True)
     existing = {view.name for view in ours}
     status.retiring = [n for n in status.retiring if n in existing]
     for view in ours:
@@ -141,7 +142,8 @@ def decide(observed: Inputs) -> Decision:
     if deadline_s:
         left = seconds_until(parse_time(status.start_time), now) + deadline_s
         if left <= 0:
-            _fail(observed, decision, "DeadlineExceeded", f"the job ran longer than runPolicy.activeDeadlineSeconds={deadline_s}")
+            _fail(observed, decision, "DeadlineExceeded",
+                  f"the job ran longer than runPolicy.activeDeadlineSeconds={deadline_s}")
             return decision
         decision.requeue(left)
 
@@ -167,8 +169,9 @@ def decide(observed: Inputs) -> Decision:
             decision.replaced["failure"] += 1
             delay = backoff_seconds(status.restarts, ft.backoff_seconds, ft.max_backoff_seconds)
             status.backoff_until = fmt_time_ceil(now + dt.timedelta(seconds=delay))
-            decision.event("WorkerFailed", f"Worker {view.name} failed ({view.describe_exit()}); failure {status.restarts} of "
-                    f"faultTolerance.maxRestarts={ft.max_restarts}; replacement in {delay:g}s", warning=True)
+            decision.event("WorkerFailed", f"Worker {view.name} failed ({view.describe_exit()}); failure "
+                           f"{status.restarts} of faultTolerance.maxRestarts={ft.max_restarts}; replacement in "
+                           f"{delay:g}s", warning=True)
             if status.restarts > ft.max_restarts:
                 decision.remove(view, "failed")
                 _fail(observed, decision, "TooManyRestarts",
@@ -192,10 +195,11 @@ def decide(observed: Inputs) -> Decision:
             decision.event("WorkerLost", f"Worker {m.pod} (rank {world.rank_of(m.pod)}) was deleted", warning=True)
         elif member.active and not member.ready:
             why[m.pod], lost_member = "is no longer Ready", True
-            decision.event("WorkerLost", f"Worker {m.pod} (rank {world.rank_of(m.pod)}) is no longer Ready", warning=True)
+            decision.event("WorkerLost", f"Worker {m.pod} (rank {world.rank_of(m.pod)}) is no longer Ready",
+                           warning=True)
 
     target, unit = spec.replicas.target, spec.parallelism.tensor * spec.parallelism.pipeline
-    eff_target = effective_target(target, unit)
+    eff_target = _effective_target(spec)
     exclude, swap_pending = _stragglers(observed, decision, world, by_name, why, quiet=lost_member or completing,
                                         full=world.size >= eff_target)
 
@@ -211,7 +215,7 @@ def decide(observed: Inputs) -> Decision:
             for pod in promoted:
                 decision.event("SparePromoted", f"Spare {pod} joined the world at once")
             decision.event("WorldPublished", f"World v{new_world.version}: {new_world.size} members "
-                    f"[{', '.join(new_world.names)}]; {new_world.reason}")
+                           f"[{', '.join(new_world.names)}]; {new_world.reason}")
         if new_world != world:
             decision.world = new_world
         for s in exclude:
@@ -222,13 +226,13 @@ def decide(observed: Inputs) -> Decision:
                 decision.replaced["straggler"] += 1
                 decision.remove(by_name[s], "replaced as a straggler")
                 decision.event("StragglerReplaced", f"Worker {s} was replaced as a straggler by "
-                        f"{', '.join(replacement) or 'a spare'}")
+                               f"{', '.join(replacement) or 'a spare'}")
 
     _scale(observed, decision, new_world, ours, completing=completing, swap_pending=swap_pending)
 
     prev = status.phase
     status.phase = cast(Phase, next_phase(prev, world_size=new_world.size, minimum=spec.replicas.min, target=eff_target,
-                          lost_member=lost_member))
+                                          lost_member=lost_member))
     if new_world.size >= max(spec.replicas.min, 1):
         status.below_min_since = ""
     else:
@@ -237,16 +241,16 @@ def decide(observed: Inputs) -> Decision:
         left = seconds_until(since, now) + ft.below_min_timeout_seconds
         # A gang start has min Ready and waits for the rest on purpose: not a failure.
         if left <= 0 and not decision.gang_holding:
-            _fail(observed, decision, "BelowMinTimeout", f"fewer than replicas.min={spec.replicas.min} workers were Ready for "
-                  f"faultTolerance.belowMinTimeoutSeconds={ft.below_min_timeout_seconds}")
+            _fail(observed, decision, "BelowMinTimeout", f"fewer than replicas.min={spec.replicas.min} workers were "
+                  f"Ready for faultTolerance.belowMinTimeoutSeconds={ft.below_min_timeout_seconds}")
             return decision
         decision.requeue(left)
     if status.phase != prev:
         decision.event(status.phase, _phase_message(status.phase, new_world, spec.replicas.min, eff_target),
-                warning=status.phase == "Recovering")
-    status.conditions = phase_conditions(status.conditions, phase=status.phase, world_size=new_world.size, target=eff_target,
-                                     minimum=spec.replicas.min, final_reason="", final_message="",
-                                     generation=generation, now=now, waiting=decision.waiting)
+                       warning=status.phase == "Recovering")
+    status.conditions = phase_conditions(status.conditions, phase=status.phase, world_size=new_world.size,
+                                         target=eff_target, minimum=spec.replicas.min, final_reason="",
+                                         final_message="", generation=generation, now=now, waiting=decision.waiting)
     _fill_counts(observed, decision, new_world, eff_target)
     _progress(observed, decision)
     return decision
@@ -271,13 +275,20 @@ def _gang_minimum(observed: Inputs, decision: Decision, world: World, *, ready_c
         decision.requeue(left)
         decision.gang_holding = ready_count >= minimum
         until = fmt_time(since + dt.timedelta(seconds=grace))
-        decision.waiting = (f"gang start: waiting for replicas.target={eff_target} Ready workers ({ready_count} Ready) until "
-                     f"{until} (replicas.startupGraceSeconds={grace}), then for at least replicas.min={minimum}")
+        decision.waiting = (f"gang start: waiting for replicas.target={eff_target} Ready workers ({ready_count} "
+                            f"Ready) until {until} (replicas.startupGraceSeconds={grace}), then for at least "
+                            f"replicas.min={minimum}")
         return eff_target
     if ready_count >= minimum:
         decision.event("GangStartTimedOut", f"replicas.startupGraceSeconds={grace} passed with {ready_count} of "
-                f"{eff_target} workers Ready: starting with what is Ready (replicas.min={minimum})", warning=True)
+                       f"{eff_target} workers Ready: starting with what is Ready (replicas.min={minimum})",
+                       warning=True)
     return minimum
+
+
+def _effective_target(spec: TrainingJobSpec) -> int:
+    """replicas.target rounded down to a whole number of model-parallel units (tensor x pipeline)."""
+    return effective_target(spec.replicas.target, spec.parallelism.tensor * spec.parallelism.pipeline)
 
 
 def _phase_message(phase: str, world: World, minimum: int, target: int) -> str:
@@ -334,11 +345,12 @@ def _stragglers(observed: Inputs, decision: Decision, world: World, by_name: dic
     decision.status.pod_index += 1
     decision.create.append(PodRequest(index=index, replaces=s.name, avoid_nodes=(s.node,) if s.node else ()))
     decision.event("StragglerDetected", f"{verdict.describe()}; starting a replacement away from node "
-            f"{s.node or '(unknown)'}", warning=True)
+                   f"{s.node or '(unknown)'}", warning=True)
     return exclude, True
 
 
-def _scale(observed: Inputs, decision: Decision, world: World, ours: list[PodView], *, completing: bool, swap_pending: bool) -> None:
+def _scale(observed: Inputs, decision: Decision, world: World, ours: list[PodView], *, completing: bool,
+           swap_pending: bool) -> None:
     """Delete surplus pods (never members; not-Ready, then newest first) or create missing ones."""
     status, spec, now = decision.status, observed.spec, observed.now
     active = [view for view in ours if view.active and view.name not in decision.delete]
@@ -389,15 +401,16 @@ def _suspend(observed: Inputs, decision: Decision) -> None:
     for view in active:
         decision.remove(view, "job suspended")
     if observed.world.members or observed.world.spares:
-        decision.world = World(version=observed.world.version + (1 if observed.world.members else 0), reason="job suspended")
+        decision.world = World(version=observed.world.version + (1 if observed.world.members else 0),
+                               reason="job suspended")
         if observed.world.members:
             decision.event("WorldPublished", f"World v{decision.world.version}: 0 members; job suspended")
     status.phase, status.backoff_until, status.below_min_since = "Suspended", "", ""
     generation = int(observed.job["metadata"].get("generation") or 0)
-    eff = effective_target(observed.spec.replicas.target, observed.spec.parallelism.tensor * observed.spec.parallelism.pipeline)
+    eff = _effective_target(observed.spec)
     status.conditions = phase_conditions(status.conditions, phase="Suspended", world_size=0, target=eff,
-                                     minimum=observed.spec.replicas.min, final_reason="", final_message="",
-                                     generation=generation, now=observed.now)
+                                         minimum=observed.spec.replicas.min, final_reason="", final_message="",
+                                         generation=generation, now=observed.now)
     _fill_counts(observed, decision, decision.world or observed.world, eff)
 
 
@@ -407,10 +420,10 @@ def _finish(observed: Inputs, decision: Decision, phase: str, reason: str, messa
     status.completion_time = fmt_time(observed.now)
     status.backoff_until = status.below_min_since = ""
     generation = int(observed.job["metadata"].get("generation") or 0)
-    eff = effective_target(observed.spec.replicas.target, observed.spec.parallelism.tensor * observed.spec.parallelism.pipeline)
+    eff = _effective_target(observed.spec)
     status.conditions = phase_conditions(status.conditions, phase=phase, world_size=0, target=eff,
-                                     minimum=observed.spec.replicas.min, final_reason=reason, final_message=message,
-                                     generation=generation, now=observed.now)
+                                         minimum=observed.spec.replicas.min, final_reason=reason, final_message=message,
+                                         generation=generation, now=observed.now)
     decision.event(phase, f"{reason}: {message}", warning=phase == "Failed")
     _finished(observed, decision)
     status.world.size = observed.world.size

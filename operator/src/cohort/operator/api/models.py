@@ -241,7 +241,8 @@ class ResourceClaim:
 class Resources:
     """core/v1 ResourceRequirements of each worker: quantities are checked at admission."""
 
-    limits: dict[str, Quantity] = field({}, doc="Most of each resource a worker may use (cpu, memory, nvidia.com/gpu, ...).")
+    limits: dict[str, Quantity] = field(
+        {}, doc="Most of each resource a worker may use (cpu, memory, nvidia.com/gpu, ...).")
     requests: dict[str, Quantity] = field({}, doc="What a worker is scheduled by; omitted: its limits.")
     claims: list[ResourceClaim] = field([], doc="Dynamic resource claims the worker uses.")
 

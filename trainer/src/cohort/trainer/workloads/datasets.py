@@ -73,4 +73,5 @@ def synthetic_lm(sequences: int = SYNTHETIC_LM.sequences, seq_len: int = SYNTHET
                 DataInfo((seq_len,), vocab_size=vocab, seq_len=seq_len), "lm")
 
 
-DATASETS: dict[str, Callable[..., Data]] = {"digits": digits, "synthetic-classification": synthetic_classification, "synthetic-lm": synthetic_lm}
+DATASETS: dict[str, Callable[..., Data]] = {"digits": digits, "synthetic-classification": synthetic_classification,
+                                            "synthetic-lm": synthetic_lm}
