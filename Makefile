@@ -25,14 +25,15 @@ cluster-up: binaries  ## start (or reuse) the local control plane; kubeconfig: ~
 cluster-down:  ## stop every process hack/ started for the local cluster
 	@hack/cluster.sh down
 
-crds:  ## regenerate crds/, the chart's CRD, the trainer's copy and docs/api.md from the models
-	@$(PY) -m cohort.operator.api.generate
+crds:  ## regenerate crds/, the chart's CRD and docs/api.md from the API models (api/)
+	@$(PY) -m cohort.api.generate
 
 check-generated:  ## fail if generated files are stale
-	@$(PY) -m cohort.operator.api.generate --check
+	@$(PY) -m cohort.api.generate --check
 
-lint:  ## ruff everywhere, mypy on the operator and the trainer
+lint:  ## ruff everywhere, mypy on the API, the operator and the trainer
 	@$(VENV)/bin/ruff check .
+	@cd api && $(VENV)/bin/mypy src
 	@cd operator && $(VENV)/bin/mypy src
 	@cd trainer && $(VENV)/bin/mypy src
 

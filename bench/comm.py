@@ -76,7 +76,7 @@ def _bytes_worker(rank: int, world: int, port: int, pairs: list[tuple[str, str]]
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from cohort.trainer.config import from_manifest
+    from cohort.api.jobconfig import from_manifest
     from cohort.trainer.sync.base import CommStats, SyncContext
     from cohort.trainer.sync.localsgd import LocalSGDConfig, LocalSGDSync
     from cohort.trainer.sync.registry import SYNCS
@@ -220,7 +220,7 @@ def _ts(value: str) -> float:
 
 def train(m: dict[str, Any], net: Network | None, env: dict[str, str] | None = None, timeout_s: float = 600) -> Run:
     """Start the workers by hand (what the local launcher does), each in its namespace when ``net`` is given."""
-    from cohort.trainer.config import from_manifest
+    from cohort.api.jobconfig import from_manifest
 
     cfg = from_manifest(m)
     run_dir = Path(tempfile.mkdtemp(prefix="cohort-bench-"))

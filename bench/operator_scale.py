@@ -44,8 +44,8 @@ from kubernetes.client.rest import ApiException
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from cohort.operator.api.models import TrainingJobSpec  # noqa: E402
-from cohort.operator.api.schema import parse, to_dict  # noqa: E402
+from cohort.api.models import TrainingJobSpec  # noqa: E402
+from cohort.api.schema import parse, to_dict  # noqa: E402
 from cohort.operator.pods import build_worker_pod  # noqa: E402
 
 GROUP, VERSION, PLURAL = "cohort.dev", "v1alpha1", "trainingjobs"

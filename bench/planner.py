@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _spec(args: argparse.Namespace) -> Any:
-    from cohort.trainer.config import from_manifest
+    from cohort.api.jobconfig import from_manifest
 
     manifest = {"apiVersion": "cohort.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "bench"},
                 "spec": {"workload": {"model": "transformer", "dataset": "synthetic-lm", "epochs": 0, "maxSteps": 1,

@@ -61,7 +61,7 @@ key_of() {  # image -> hash of its inputs
         echo "base $(key_of base)"
         cat "$REPO_ROOT/$df" "$REPO_ROOT/$df.dockerignore"
         # The context the .dockerignore lets in: tracked and untracked (not ignored) files.
-        (cd "$REPO_ROOT" && git ls-files -co --exclude-standard hack/requirements.txt "${img}/" \
+        (cd "$REPO_ROOT" && git ls-files -co --exclude-standard hack/requirements.txt api/ "${img}/" \
           | grep -v -e '/tests/' -e '__pycache__' | sort | xargs sha256sum)
       } | sha256sum | cut -c1-12 ;;
   esac

@@ -16,9 +16,10 @@ RUN grep -E '^(kopf|kubernetes|aiohttp|pyyaml|prometheus-client)==' hack/require
  && test "$(wc -l < /tmp/requirements.txt)" -eq 5 \
  && python -m venv /opt/cohort \
  && /opt/cohort/bin/pip install --no-cache-dir -r /tmp/requirements.txt
+COPY api/ api/
 COPY operator/ operator/
 # The root file system is read-only at run time: byte-compile now.
-RUN /opt/cohort/bin/pip install --no-cache-dir --no-deps ./operator \
+RUN /opt/cohort/bin/pip install --no-cache-dir --no-deps ./api ./operator \
  && /opt/cohort/bin/python -m compileall -q /opt/cohort/lib
 
 FROM ${BASE_IMAGE}

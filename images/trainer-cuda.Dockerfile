@@ -29,8 +29,9 @@ RUN grep -E '^torch==' hack/requirements.txt > /tmp/torch.txt \
 # The project in a directory of its own, so that a code change leaves the
 # multi-GB dependency layer above unchanged (and cached by the builder and the nodes).
 FROM deps AS build
+COPY api/ api/
 COPY trainer/ trainer/
-RUN /opt/cohort/bin/pip install --no-cache-dir --target /opt/cohort-app --no-deps ./trainer \
+RUN /opt/cohort/bin/pip install --no-cache-dir --target /opt/cohort-app --no-deps ./api ./trainer \
  && /opt/cohort/bin/python -m compileall -q /opt/cohort-app
 
 FROM ${BASE_IMAGE}

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from tests.support.specs import with_workload
 
-from cohort.operator.api.models import TrainingJobSpec
-from cohort.operator.api.schema import parse, to_dict
+from cohort.api.models import TrainingJobSpec
+from cohort.api.schema import parse, to_dict
 
 
 def make_job(name: str = "digits", namespace: str = "ns", spec: dict[str, Any] | None = None,

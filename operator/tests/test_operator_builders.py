@@ -6,9 +6,9 @@ import json
 
 from tests.support.specs import with_workload
 
-from cohort.operator.api.models import TrainingJobSpec
-from cohort.operator.api.schema import parse
-from cohort.operator.jobconfig import build_job_config, render_job_config
+from cohort.api.jobconfig import build_job_config, render_job_config
+from cohort.api.models import TrainingJobSpec
+from cohort.api.schema import parse
 from cohort.operator.manifests import (
     build_config_map,
     build_network_policy,
@@ -24,7 +24,7 @@ from cohort.operator.world import Member, World
 
 def make_job(name: str = "digits", spec: dict | None = None) -> dict:
     """A stored TrainingJob: every default applied (as in conftest.make_job)."""
-    from cohort.operator.api.schema import to_dict
+    from cohort.api.schema import to_dict
 
     return {"apiVersion": "cohort.dev/v1alpha1", "kind": "TrainingJob",
             "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "generation": 1},

@@ -8,8 +8,8 @@ import datetime as dt
 import pytest
 from tests.support.specs import WORKLOAD
 
-from cohort.operator.api.models import TrainingJobSpec, TrainingJobStatus
-from cohort.operator.api.schema import parse
+from cohort.api.models import TrainingJobSpec, TrainingJobStatus
+from cohort.api.schema import parse
 from cohort.operator.decide import Decision, Inputs, decide
 from cohort.operator.lifecycle import fmt_time, get_condition
 from cohort.operator.observe import PodView

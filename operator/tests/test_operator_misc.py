@@ -7,8 +7,8 @@ import datetime as dt
 
 from tests.support.specs import with_workload
 
-from cohort.operator.api.models import TrainingJobSpec
-from cohort.operator.api.schema import parse
+from cohort.api.models import TrainingJobSpec
+from cohort.api.schema import parse
 from cohort.operator.gang import CANDIDATES, build_gang_object, choose_gang_api, gang_pod_fields
 from cohort.operator.leader import claim
 from cohort.operator.observe import view_pod

@@ -1,7 +1,7 @@
 """Import rules from DESIGN.md, checked on the source (lazy imports inside functions included).
 
 - cohort.operator never imports torch or cohort.trainer;
-- cohort.operator.api (the models) imports neither kopf nor the Kubernetes client;
+- cohort.api (the models) imports neither kopf nor the Kubernetes client;
 - cohort.trainer never imports kopf or cohort.operator;
 - the planner core (cohort.trainer.planner) imports nothing but itself and the
   standard library: parallel/, profiling and calibrate use it, never the reverse;
@@ -44,9 +44,9 @@ def violations(root: Path, banned: tuple[str, ...]) -> list[str]:
 
 
 @pytest.mark.parametrize("root, banned", [
+    ("api/src/cohort/api", ("kopf", "kubernetes", "torch", "cohort.operator", "cohort.trainer")),
     ("operator/src/cohort/operator", ("torch", "cohort.trainer")),
-    ("operator/src/cohort/operator/api", ("kopf", "kubernetes", "torch", "cohort.trainer")),
-    ("trainer/src/cohort/trainer", ("kopf", "cohort.operator")),
+    ("trainer/src/cohort/trainer", ("kopf", "kubernetes", "cohort.operator")),
 ])
 def test_import_rules(root, banned):
     assert violations(REPO / root, banned) == []
@@ -64,7 +64,7 @@ def test_the_rule_detects_a_violation(tmp_path):
 
 # --- the module graph: circles and directions -------------------------------------------
 
-PROJECTS = [("operator/src", "cohort.operator"), ("trainer/src", "cohort.trainer")]
+PROJECTS = [("api/src", "cohort.api"), ("operator/src", "cohort.operator"), ("trainer/src", "cohort.trainer")]
 
 
 def module_files(src: Path, package: str) -> dict[str, Path]:
@@ -177,7 +177,7 @@ def test_cohort_plan_ranks_plans_where_torch_cannot_be_imported():
         assert not any(m == "torch" or m.startswith("torch.") for m in sys.modules), "torch was imported"
         sys.exit(rc)
     """)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("trainer/src", "operator/src"))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(REPO / p) for p in ("api/src", "trainer/src"))}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [line for line in proc.stdout.splitlines() if "dp=" in line]

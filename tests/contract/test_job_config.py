@@ -1,9 +1,9 @@
 """The job config contract: what the operator renders, the trainer parses (docs/contracts.md §1).
 
 Every example manifest is defaulted the way the API server does it, rendered
-with the operator's renderer and parsed with the trainer's parser. The
-trainer's own defaulting (used by `cohort run --local`) must agree exactly
-with the operator's models: defaults have one home.
+with the operator's renderer and parsed by the trainer. Both use the one
+API package (cohort.api), so the trainer's defaulting (what `cohort run --local`
+runs) must agree exactly with what the API server stores from the generated CRD.
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cohort.operator.api.models import TrainingJobSpec
-from cohort.operator.api.schema import parse, to_dict
-from cohort.operator.jobconfig import render_job_config
-from cohort.trainer.config import from_manifest, parse_document
+from cohort.api.jobconfig import from_manifest, parse_document, render_job_config
+from cohort.api.models import TrainingJobSpec
+from cohort.api.schema import parse, to_dict
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p for p in (REPO / "examples").glob("*.yaml")
@@ -36,10 +35,10 @@ def test_there_are_examples():
 def test_operator_render_parses_in_the_trainer(path):
     for job in jobs(path):
         stored = {"metadata": {"name": job["metadata"]["name"], "namespace": "ns", "uid": "u-1"},
-                  "spec": to_dict(parse(TrainingJobSpec, job.get("spec") or {}))}
+                  "spec": to_dict(parse(TrainingJobSpec, job.get("spec") or {}), omit_none=True)}
         cfg = parse_document(json.loads(render_job_config(stored)))
         assert cfg.name == job["metadata"]["name"] and cfg.namespace == "ns"
-        # one home for defaults: the trainer's CRD-based defaulting equals the operator's models
+        # one home for defaults: what the trainer parsed is what the operator stored
         assert from_manifest(job).raw_spec == stored["spec"]
 
 

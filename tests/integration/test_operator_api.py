@@ -1,7 +1,7 @@
 """Invalid TrainingJobs are refused at admission, with a message naming the field.
 
 One table, two judges: the real API server (the generated CRD's schema and
-CEL rules) and ``cohort.operator.api.schema.parse`` (the same rules in Python,
+CEL rules) and ``cohort.api.schema.parse`` (the same rules in Python,
 used where no API server is, e.g. ``cohort run --local``). Both must refuse
 every entry and name the same field.
 """
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
-from cohort.operator.api.models import TrainingJobSpec
-from cohort.operator.api.schema import ValidationError, parse
+from cohort.api.models import TrainingJobSpec
+from cohort.api.schema import ValidationError, parse
 from tests.support.specs import with_workload
 
 # (id, spec fragment, the field the refusal must name)

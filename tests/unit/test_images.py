@@ -131,11 +131,12 @@ def test_python_pins_come_from_hack_requirements(image):
     needs = {"operator": {"kopf", "kubernetes", "aiohttp", "pyyaml", "prometheus-client"},
              "trainer": {"torch", "numpy", "scikit-learn", "pyyaml", "prometheus-client"}}[project.strip("/")]
     assert needs <= selected, f"{path.name}: does not install {needs - selected}"
-    assert f"--no-deps ./{project.strip('/')}" in text, f"{path.name}: install the project without its deps"
+    # The project and the API package both sides share (cohort.api), without their deps.
+    assert f"--no-deps ./api ./{project.strip('/')}" in text, f"{path.name}: install the projects without their deps"
     exposed = {p for w, a in ins if w == "EXPOSE" for p in a.split()}
     assert exposed == ports, f"{path.name}: EXPOSE {exposed}"
     ignore = path.with_name(path.name + ".dockerignore")
-    assert ignore.is_file() and f"!{project}" in ignore.read_text(), ignore
+    assert ignore.is_file() and f"!{project}" in ignore.read_text() and "!api/" in ignore.read_text(), ignore
 
 
 def test_build_script_prints_the_commands_without_docker():

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from tests.support.specs import WORKLOAD
 
-from cohort.trainer.config import from_manifest
+from cohort.api.jobconfig import from_manifest
 
 
 def free_port() -> int:

@@ -7,7 +7,9 @@ import json
 import pytest
 from tests.support.specs import with_workload
 
-from cohort.trainer.config import ConfigError, from_manifest, load_config, map_path, parse_document
+from cohort.api import ValidationError
+from cohort.api.jobconfig import from_manifest, load_config, parse_document
+from cohort.trainer.paths import map_path
 
 
 def manifest(spec: dict, *, whole: bool = False) -> dict:
@@ -17,7 +19,7 @@ def manifest(spec: dict, *, whole: bool = False) -> dict:
     return {"apiVersion": "cohort.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "t"}, "spec": spec}
 
 
-def test_defaults_come_from_the_crd_schema():
+def test_defaults_come_from_the_api_models():
     cfg = from_manifest(manifest({}))
     assert cfg.spec.workload.model == "mlp"
     assert cfg.spec.workload.batch_size == 64
@@ -40,7 +42,7 @@ def test_defaults_come_from_the_crd_schema():
     ({"workload": {"optimizer": {"lr": "fast"}}}, "spec.workload.optimizer.lr"),
 ])
 def test_invalid_specs_name_the_field(spec, field):
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(ValidationError) as e:
         from_manifest(manifest(spec))
     assert str(e.value).startswith(field), str(e.value)
 
@@ -50,16 +52,16 @@ def test_document_round_trip_and_kind_check(tmp_path):
     path = tmp_path / "job.json"
     path.write_text(json.dumps(doc))
     assert load_config(path).spec.workload.epochs == 3
-    with pytest.raises(ConfigError, match="apiVersion/kind"):
+    with pytest.raises(ValidationError, match="apiVersion/kind"):
         parse_document({**doc, "kind": "Other"})
 
 
 def test_malformed_config_file_is_reported(tmp_path):
     bad = tmp_path / "job.json"
     bad.write_text("{not json")
-    with pytest.raises(ConfigError, match="not valid JSON"):
+    with pytest.raises(ValidationError, match="not valid JSON"):
         load_config(bad)
-    with pytest.raises(ConfigError, match="cannot read"):
+    with pytest.raises(ValidationError, match="cannot read"):
         load_config(tmp_path / "missing.json")
 
 
@@ -85,5 +87,5 @@ def test_cohort_train_reads_the_config_path_from_cohort_config(monkeypatch):
                                          ({"workload": {"dataset": "digits"}}, "spec.workload.model"),
                                          ({"workload": {"model": "mlp"}}, "spec.workload.dataset")])
 def test_a_job_must_say_what_it_trains(spec, field):
-    with pytest.raises(ConfigError, match=f"^{field}: required field is missing"):
+    with pytest.raises(ValidationError, match=f"^{field}: required field is missing"):
         from_manifest(manifest(spec, whole=True))

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from cohort.trainer.config import from_manifest, supported_compression
+from cohort.api.jobconfig import from_manifest
+from cohort.api.models import SUPPORTED_COMPRESSION
 from cohort.trainer.launcher import run_local
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
@@ -25,7 +26,7 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 
 # The API's supported pairs (the operator models' SUPPORTED_COMPRESSION, as generated for the trainer).
-PAIRS = [(sync, method) for sync, methods in supported_compression().items() for method in methods]
+PAIRS = [(sync, method) for sync, methods in SUPPORTED_COMPRESSION.items() for method in methods]
 
 # Manifest settings that differ from the defaults, per pair.
 TUNED: dict[tuple[str, str], dict[str, Any]] = {

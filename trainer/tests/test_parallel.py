@@ -32,7 +32,8 @@ def lm_manifest(name: str, strategy: str, *, dp: int, tensor: int = 1, pipeline:
                                   "batchSize": GLOBAL_BATCH // dp,
                                   "modelArgs": {"dim": 32, "n_layers": 2, "n_heads": 4},
                                   "optimizer": {"name": "adamw", "lr": 0.01, "lrScaling": "none"}},
-                     "replicas": {"min": 1, "max": 8, "target": 2},
+                     # admission wants min and max to be multiples of tensor x pipeline
+                     "replicas": {"min": tensor * pipeline, "max": 8, "target": max(2, tensor * pipeline)},
                      "parallelism": {"strategy": strategy, "tensor": tensor, "pipeline": pipeline,
                                      "microbatches": microbatches, "schedule": schedule},
                      "checkpoint": {"everySteps": every, "keep": 5}}}
@@ -126,7 +127,7 @@ def test_a_model_without_a_split_is_refused_before_training(tmp_path):
     m["spec"]["workload"].update(model="convnet", dataset="digits", modelArgs={})
     mf = write_manifest(tmp_path / "j.yaml", m)
     cfg = tmp_path / "job.json"
-    from cohort.trainer.config import load_manifest
+    from cohort.api.jobconfig import load_manifest
 
     cfg.write_text(json.dumps(load_manifest(mf).to_document()))
     proc = cohort("train", "--config", str(cfg))

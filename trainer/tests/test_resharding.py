@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.dist]
 
 
 def _spec():
-    from cohort.trainer.config import from_manifest
+    from cohort.api.jobconfig import from_manifest
 
     return from_manifest({"apiVersion": "cohort.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "r"},
                           "spec": {"workload": {"model": "transformer", "dataset": "synthetic-lm", "maxSteps": 2,

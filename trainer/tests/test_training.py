@@ -94,7 +94,7 @@ def test_bad_inputs_exit_2_naming_the_field_or_module(tmp_path):
         mf = write_manifest(tmp_path / "m.yaml", manifest("bad", **spec))
         doc = cohort("validate", str(mf))
         if doc.returncode == 0:  # valid shape; the failure comes when the worker builds the workload
-            from cohort.trainer.config import load_manifest
+            from cohort.api.jobconfig import load_manifest
 
             (tmp_path / "job.json").write_text(json.dumps(load_manifest(mf).to_document()))
             doc = cohort("train", "--config", str(tmp_path / "job.json"),
@@ -106,7 +106,7 @@ def test_bad_inputs_exit_2_naming_the_field_or_module(tmp_path):
     p = cohort("train", "--config", str(tmp_path / "malformed.json"))
     assert p.returncode == 2 and "not valid JSON" in p.stderr
 
-    from cohort.trainer.config import load_manifest
+    from cohort.api.jobconfig import load_manifest
 
     (tmp_path / "file").write_text("not a directory")
     mf = write_manifest(tmp_path / "m.yaml", manifest("ck", checkpoint={"path": str(tmp_path / "file" / "sub")}))
@@ -127,7 +127,7 @@ def test_runs_under_torchrun_with_its_env(tmp_path):
     import subprocess
     import sys
 
-    from cohort.trainer.config import from_manifest
+    from cohort.api.jobconfig import from_manifest
 
     doc = from_manifest(manifest("tr", workload={"epochs": 5}, checkpoint={"everySteps": 0})).to_document()
     (tmp_path / "job.json").write_text(json.dumps(doc))

@@ -30,7 +30,8 @@ import dataclasses
 import datetime as dt
 from typing import Any, cast
 
-from .api.models import Phase, TrainingJobSpec, TrainingJobStatus
+from cohort.api.models import Phase, TrainingJobSpec, TrainingJobStatus
+
 from .lifecycle import (
     ACTIVE_PHASES,
     FINAL_PHASES,

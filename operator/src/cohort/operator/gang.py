@@ -22,9 +22,10 @@ import dataclasses
 from collections.abc import Collection
 from typing import Any
 
-from .api.models import KIND, TrainingJobSpec
+from cohort.api.models import GROUP, KIND, TrainingJobSpec
+
 from .manifests import Kind
-from .naming import GROUP, object_meta
+from .naming import object_meta
 
 WORKLOAD_GROUP = "workers"
 

@@ -22,7 +22,8 @@ from typing import Any
 
 import kopf
 
-from .api.models import GROUP, PLURAL, VERSION
+from cohort.api.models import GROUP, PLURAL, VERSION
+
 from .jobstate import fingerprint
 from .kubeapi import load_configuration
 from .naming import LABEL_JOB, LABEL_OPERATOR

@@ -15,7 +15,8 @@ import dataclasses
 import json
 from typing import Any
 
-from .api.models import TrainingJobStatus
+from cohort.api.models import TrainingJobStatus
+
 from .stragglers import ComputeWindow, Straggler
 from .world import World
 

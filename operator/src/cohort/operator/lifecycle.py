@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from .api.models import Condition
+from cohort.api.models import Condition
 
 FINAL_PHASES = ("Succeeded", "Failed")
 ACTIVE_PHASES = ("Running", "Recovering")

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 
 import kopf
 
-from .api.models import GROUP, PLURAL, VERSION
+from cohort.api.models import GROUP, PLURAL, VERSION
+
 from .events import EventRecorder
 from .handlers import build_registry, configure
 from .health import Health

@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .api.models import TrainingJobSpec
-from .jobconfig import render_job_config
+from cohort.api.jobconfig import render_job_config
+from cohort.api.models import TrainingJobSpec
+
 from .naming import (
     CONFIG_KEY,
     METRICS_PORT,

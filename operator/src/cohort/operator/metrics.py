@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from .api.models import PHASES
+from cohort.api.models import PHASES
 
 
 class OperatorMetrics:

@@ -10,9 +10,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .api.models import GROUP, KIND, VERSION
+# The job config's own (cohort.api.jobconfig), re-exported for the builders.
+from cohort.api.jobconfig import API_VERSION as API_VERSION
+from cohort.api.jobconfig import METRICS_PORT as METRICS_PORT
+from cohort.api.jobconfig import RDZV_PORT as RDZV_PORT
+from cohort.api.models import KIND
 
-API_VERSION = f"{GROUP}/{VERSION}"
 MANAGER = "cohort-operator"
 
 LABEL_JOB = "cohort.dev/job"
@@ -29,8 +32,6 @@ CONFIG_KEY = "job.json"
 WORLD_KEY = "world.json"
 CONFIG_DIR = "/etc/cohort"
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
-METRICS_PORT = 9400
-RDZV_PORT = 29400
 
 _POD_NAME = re.compile(r"^(?P<job>.+)-worker-(?P<index>\d+)$")
 

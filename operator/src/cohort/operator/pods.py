@@ -20,8 +20,9 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from .api.models import TrainingJobSpec
-from .api.schema import to_dict
+from cohort.api.models import TrainingJobSpec
+from cohort.api.schema import to_dict
+
 from .naming import (
     ANNOTATION_INDEX,
     ANNOTATION_REPLACES,

@@ -26,8 +26,9 @@ import logging
 import time
 from typing import Any
 
-from .api.models import PLURAL, TrainingJobSpec, TrainingJobStatus
-from .api.schema import ValidationError, parse, to_dict
+from cohort.api.models import PLURAL, TrainingJobSpec, TrainingJobStatus
+from cohort.api.schema import ValidationError, parse, to_dict
+
 from .decide import Decision, Inputs, decide
 from .events import EventRecorder
 from .gang import DISCOVERY_GROUP_VERSIONS, GangApi, build_gang_object, choose_gang_api, gang_message, gang_pod_fields

@@ -11,7 +11,8 @@ import os
 import sys
 from typing import Any
 
-from .config import ConfigError, load_config, load_manifest
+from cohort.api import ValidationError
+from cohort.api.jobconfig import load_config, load_manifest
 
 
 def _fail(message: str) -> int:
@@ -23,7 +24,7 @@ def _user_errors() -> tuple[type[Exception], ...]:
     from .checkpoint import CheckpointError
     from .workloads.workload import WorkloadError
 
-    return (ConfigError, WorkloadError, CheckpointError)
+    return (ValidationError, WorkloadError, CheckpointError)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -50,7 +51,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     rc = 0
     try:
         trainer.run()
-    except ConfigError as e:  # a plan this world cannot run (e.g. not a multiple of tensor x pipeline)
+    except ValidationError as e:  # a plan this world cannot run (e.g. not a multiple of tensor x pipeline)
         rc = _fail(str(e))
     except Terminated:
         trainer.ckpt.wait()
@@ -69,7 +70,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _fail("cohort run needs --local (to run on Kubernetes: kubectl apply -f " + args.manifest + ")")
     try:
         cfg = load_manifest(args.manifest)
-    except ConfigError as e:
+    except ValidationError as e:
         return _fail(str(e))
     from .launcher import run_local
     from .parallel.dims import check_world_size
@@ -77,7 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     workers = args.workers or cfg.spec.replicas.target
     try:
         check_world_size(cfg.spec, workers)
-    except ConfigError as e:
+    except ValidationError as e:
         return _fail(str(e))
     try:
         summary = run_local(cfg, workers, checkpoint_dir=args.checkpoint_dir, run_dir=args.run_dir,
@@ -106,7 +107,7 @@ def _print_summary(s: dict[str, Any]) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     try:
         cfg = load_manifest(args.manifest)
-    except ConfigError as e:
+    except ValidationError as e:
         return _fail(str(e))
     print(f"{args.manifest}: valid TrainingJob {cfg.name}")
     return 0
@@ -132,7 +133,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if args.gpu_memory:
             hw = hw.with_overrides(memory_bytes=parse_bytes(args.gpu_memory))
         profile = profile_spec(cfg.spec)
-    except (ConfigError, ValueError, FileNotFoundError, KeyError) as e:  # WorkloadError is a ValueError
+    except (ValidationError, ValueError, FileNotFoundError, KeyError) as e:  # WorkloadError is a ValueError
         return _fail(str(e))
     w, par = cfg.spec.workload, cfg.spec.parallelism
     global_batch = args.global_batch or w.batch_size * args.gpus

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from .config import JobConfig
+from cohort.api.jobconfig import JobConfig
 
 
 @dataclass

@@ -10,7 +10,9 @@ Any other model is built on the meta device and measured: FLOPs with
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from cohort.api.models import TrainingJobSpec
 
 from .planner.profile import BYTES, ModelProfile, transformer_profile
 from .workloads import defaults
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 
-def profile_spec(spec: Any) -> ModelProfile:
+def profile_spec(spec: TrainingJobSpec) -> ModelProfile:
     """The profile of a job spec's model (torch only for models other than the built-in transformer)."""
     w = spec.workload
     if w.model == "transformer" and w.dataset == "synthetic-lm":
@@ -31,7 +33,7 @@ def profile_spec(spec: Any) -> ModelProfile:
     return _measured_spec(spec)
 
 
-def _measured_spec(spec: Any) -> ModelProfile:
+def _measured_spec(spec: TrainingJobSpec) -> ModelProfile:
     """Build the spec's model on the meta device (no memory) and profile it."""
     import torch
 

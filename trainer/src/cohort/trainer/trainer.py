@@ -23,13 +23,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from cohort.api.jobconfig import JobConfig
+from cohort.api.models import TrainingJobSpec
+
 from . import log as logmod
 from .checkpoint import Checkpointer
-from .config import JobConfig, map_path
 from .faults import Faults
 from .metrics import WorkerMetrics
 from .parallel.base import Plan, PlanContext
 from .parallel.registry import PARALLELISMS
+from .paths import map_path
 from .runtime.process_group import Rendezvous, Superseded, pod_ip
 from .runtime.world import StaticWorld, World, world_source_from_env
 from .sampler import ElasticSampler
@@ -58,7 +61,7 @@ def build_optimizer(params: Any, opt: Any) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay)
 
 
-def lr_at(step: int, dp_size: float, spec: Any) -> float:
+def lr_at(step: int, dp_size: float, spec: TrainingJobSpec) -> float:
     """Base lr scaled for the data-parallel size (relative to replicas.target), with linear warmup.
 
     ``dp_size`` is the global batch in units of ``batchSize``: the dp size, unless the plan (auto) keeps

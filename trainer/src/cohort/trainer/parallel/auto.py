@@ -24,6 +24,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from cohort.api.models import TrainingJobSpec
+
 from ..log import get_logger
 from ..planner import Candidate, Hardware, best_plan, load_hardware, rank_plans
 from ..planner.dims import ParallelDims
@@ -36,11 +38,11 @@ from .sharded import MeshPlan
 log = get_logger(__name__)
 
 
-def device_memory(spec: Any) -> float:
+def device_memory(spec: TrainingJobSpec) -> float:
     """Bytes a device may use (0: unlimited)."""
     from ..planner.hardware import parse_bytes
 
-    text = os.environ.get("COHORT_DEVICE_MEMORY") or (spec.resources.get("limits") or {}).get("memory")
+    text = os.environ.get("COHORT_DEVICE_MEMORY") or spec.resources.limits.get("memory")
     return parse_bytes(str(text)) if text else 0.0
 
 
@@ -53,7 +55,7 @@ def _sample(model: nn.Module) -> torch.Tensor | None:
     return None
 
 
-def choose_dims(spec: Any, model: nn.Module | None, world_size: int) -> ParallelDims:
+def choose_dims(spec: TrainingJobSpec, model: nn.Module | None, world_size: int) -> ParallelDims:
     """The planner's first choice (a single-process decision; see AutoPlan for the collective one)."""
     if model is None or spec.sync.algorithm != "allreduce" or spec.compression.method != "none":
         # Gossip, local SGD and compression act on whole replicas: only data parallelism runs them.
@@ -72,7 +74,7 @@ def choose_dims(spec: Any, model: nn.Module | None, world_size: int) -> Parallel
     return best.dims
 
 
-def plan_for(spec: Any, model: nn.Module, world_size: int, hw: Hardware | None = None,
+def plan_for(spec: TrainingJobSpec, model: nn.Module, world_size: int, hw: Hardware | None = None,
              sample: Any = None) -> tuple[Candidate, list[Candidate]]:
     """The planner's choice for ``spec`` on ``world_size`` ranks, and the whole ranked list.
 

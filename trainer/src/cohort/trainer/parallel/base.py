@@ -21,12 +21,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from cohort.api.models import TrainingJobSpec
+
 from ..sync.base import CommStats
 
 
 @dataclass
 class PlanContext:
-    spec: Any            # the job spec (config Section)
+    spec: TrainingJobSpec
     rank: int
     world_size: int
     stats: CommStats
@@ -56,8 +58,8 @@ class Plan(ABC):
         return self.ctx.spec.workload.batch_size
 
     @classmethod
-    def check(cls, spec: Any, model: nn.Module | None) -> None:
-        """Refuse, before training starts, a spec this strategy cannot run (raise a ConfigError)."""
+    def check(cls, spec: TrainingJobSpec, model: nn.Module | None) -> None:
+        """Refuse, before training starts, a spec this strategy cannot run (raise a ValidationError)."""
         return None  # replicas run whatever the model runs
 
     @abstractmethod

@@ -11,11 +11,12 @@ same batch.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from cohort.api.models import TrainingJobSpec
 
 from ..planner.dims import ParallelDims
 from .base import Plan, PlanContext
@@ -92,7 +93,7 @@ class MeshPlan(Plan):
         return self.dims.describe()
 
     @classmethod
-    def check(cls, spec: Any, model: nn.Module | None) -> None:
+    def check(cls, spec: TrainingJobSpec, model: nn.Module | None) -> None:
         p = spec.parallelism
         dims = ParallelDims(tp=p.tensor, pp=p.pipeline, microbatches=p.microbatches, schedule=p.schedule)
         check_dims(dims, model, spec.workload.batch_size)

@@ -22,8 +22,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import map_path
 from ..log import get_logger
+from ..paths import map_path
 
 log = get_logger(__name__)
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"

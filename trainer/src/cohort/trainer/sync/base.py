@@ -17,6 +17,8 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
+from cohort.api.models import TrainingJobSpec
+
 
 class CommStats:
     """Cumulative bytes this process sent, and payload vs dense sizes (compression ratio)."""
@@ -58,7 +60,7 @@ class SyncContext:
 
     rank: int
     world_size: int
-    spec: Any                      # the job spec (config Section)
+    spec: TrainingJobSpec
     stats: CommStats
     group: dist.ProcessGroup | None = None   # None: the default group
     extras: dict[str, Any] = field(default_factory=dict)

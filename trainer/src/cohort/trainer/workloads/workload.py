@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cohort.api.models import TrainingJobSpec
+
 from .datasets import DATASETS, Data
 from .models import MODELS, DataInfo
 
@@ -99,8 +101,8 @@ def build_data(name: str, args: dict[str, Any]) -> Data:
     return _call(DATASETS[name], "spec.workload.datasetArgs", **args)
 
 
-def build_workload(spec: Any, seed: int | None = None) -> Workload:
-    """Build the workload of a spec (a config Section); parameters seeded from workload.seed."""
+def build_workload(spec: TrainingJobSpec, seed: int | None = None) -> Workload:
+    """Build the workload of a spec (typed, from cohort.api); parameters seeded from workload.seed."""
     w = spec.workload
     data = build_data(w.dataset, w.dataset_args)
     torch.manual_seed(w.seed if seed is None else seed)

@@ -1,8 +1,7 @@
 """Builds the TrainingJob CustomResourceDefinition from the models.
 
-``make crds`` runs ``python -m cohort.operator.api.generate``, which writes
-the CRD to ``crds/``, the Helm chart and the trainer's package data, and
-writes ``docs/api.md``. Never edit those files by hand.
+``make crds`` runs ``python -m cohort.api.generate``, which writes
+the CRD to ``crds/`` and the Helm chart, and writes ``docs/api.md``. Never edit those files by hand.
 """
 
 from __future__ import annotations

@@ -41,8 +41,8 @@ PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
 # Which compressors each sync algorithm can use. Gossip exchanges parameters
 # (CHOCO-style compressed differences), local SGD averages parameters densely,
 # so PowerSGD's low-rank gradient factorisation only fits allreduce.
-# Declared once: the CEL rule and its message below, the trainer's check (through the
-# generated trainer/src/cohort/trainer/data/compatibility.json) and docs/api.md derive from it.
+# Declared once: the CEL rule and its message below, its Python twin (which the trainer's
+# config parser runs too) and docs/api.md derive from it.
 SUPPORTED_COMPRESSION: dict[str, tuple[str, ...]] = {
     "allreduce": CompressionMethod.__args__,  # type: ignore[attr-defined]
     "gossip": ("none", "fp16", "bf16", "topk", "randomk", "qsgd", "terngrad", "signsgd"),

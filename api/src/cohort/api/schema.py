@@ -310,12 +310,18 @@ def _check_bounds(value: Any, meta: typing.Mapping[str, Any], path: str) -> None
         raise ValidationError(f"{path}: {meta.get('pattern_message') or 'must match ' + pattern}, got {value!r}")
 
 
-def to_dict(obj: Any) -> Any:
-    """A model as the JSON-shaped dict the API server would store (camelCase)."""
+def to_dict(obj: Any, *, omit_none: bool = False) -> Any:
+    """A model as the JSON-shaped dict the API server would store (camelCase).
+
+    ``omit_none`` leaves out model fields that are None (an unset nullable field, which the API
+    server stores as absent); without it they are written as null (a status patch clears them).
+    """
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {_json_name(f.name): to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        fields = ((f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj))
+        return {_json_name(name): to_dict(value, omit_none=omit_none) for name, value in fields
+                if not (omit_none and value is None)}
     if isinstance(obj, list):
-        return [to_dict(v) for v in obj]
+        return [to_dict(v, omit_none=omit_none) for v in obj]
     if isinstance(obj, dict):
-        return {k: to_dict(v) for k, v in obj.items()}
+        return {k: to_dict(v, omit_none=omit_none) for k, v in obj.items()}
     return obj
