@@ -13,14 +13,16 @@ import torch
 
 from cohort.api.models import ALL_COMPRESSION
 from cohort.trainer.compression import packing
-from cohort.trainer.compression.base import derive_seed, kept
+from cohort.trainer.compression.base import Compressor, Unsupported, derive_seed, kept
 from cohort.trainer.compression.error_feedback import ErrorFeedback
 from cohort.trainer.compression.quantize import QSGD, QSGDConfig, TernGrad, TernGradConfig
-from cohort.trainer.compression.registry import COMPRESSORS
+from cohort.trainer.compression.registry import METHODS
 from cohort.trainer.compression.sign import ScaledSign
 from cohort.trainer.compression.sparsify import RandomK, RandomKConfig, TopK, TopKConfig
 from cohort.trainer.sync import topology
 
+# The payload compressors (every method but powersgd, which is torch's hook).
+COMPRESSORS = {name: cls for name, cls in METHODS.items() if issubclass(cls, Compressor)}
 MLP_PARAMS = 64 * 128 + 128 + 128 * 10 + 10  # examples/digits.yaml's model: 9610 parameters
 
 
@@ -35,11 +37,32 @@ def samples(compressor, x: torch.Tensor, draws: int) -> torch.Tensor:
 
 # --- registry ------------------------------------------------------------------
 
-def test_registry_is_keyed_by_the_crd_enum():
-    enum = ALL_COMPRESSION
-    # none is DDP's own allreduce and powersgd torch's hook: neither is a payload compressor.
-    assert set(COMPRESSORS) == set(enum) - {"none", "powersgd"}
-    assert all(cls.name == key for key, cls in COMPRESSORS.items())
+def test_registry_covers_the_crd_enum():
+    assert list(METHODS) == list(ALL_COMPRESSION)
+    assert all(cls.name == key for key, cls in METHODS.items())
+    assert set(METHODS) - set(COMPRESSORS) == {"powersgd"}
+
+
+def supports(method, capability) -> bool:
+    try:
+        capability(method)
+    except Unsupported:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_each_class_implements_exactly_the_syncs_the_api_declares(name):
+    """The API declares the pairs once (SUPPORTED_COMPRESSION, which admission's CEL rule comes from);
+    the class must implement every sync it is declared for, and refuse the others."""
+    method = METHODS[name]()
+    syncs = method.syncs()
+    assert "allreduce" in syncs  # every method has a DDP hook (none: DDP's own)
+    gossips = isinstance(method, Compressor) and supports(method, lambda m: m.consensus_step())
+    assert gossips == ("gossip" in syncs), name
+    assert supports(method, lambda m: m.localsgd_dtype()) == ("localsgd" in syncs), name
+    if gossips:
+        assert 0 < method.consensus_step() <= 1
 
 
 @pytest.mark.parametrize("name", sorted(COMPRESSORS))

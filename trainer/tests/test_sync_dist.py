@@ -15,9 +15,8 @@ import torch.nn.functional as F
 from gloo_ranks import job_spec, run_ranks
 from torch.nn.utils import parameters_to_vector
 
-from cohort.trainer.compression.base import kept
-from cohort.trainer.compression.hooks import CompressedAllgather
-from cohort.trainer.compression.registry import build_compressor
+from cohort.trainer.compression.base import CompressedAllgather, kept
+from cohort.trainer.compression.registry import build_method
 from cohort.trainer.sync.allreduce import AllreduceSync
 from cohort.trainer.sync.base import CommStats, SyncContext, allgather_bytes, ring_allreduce_bytes
 from cohort.trainer.sync.gossip import GossipSync
@@ -75,7 +74,7 @@ def _hooks(rank: int, world: int) -> dict:
                   "payload": ctx.stats.payload_bytes, "dense": ctx.stats.dense_bytes}
         if method not in ("none", "fp16", "bf16", "powersgd"):
             # What the hook must produce: the mean of every rank's decoded payload (same seeds).
-            comp = build_compressor(spec.compression)
+            comp = build_method(spec.compression)
             seeds = CompressedAllgather(ctx, comp, None)
             decoded = [comp.roundtrip(result["all_local"][r], seeds.seed(0, r))[1] for r in range(world)]
             result["expected"] = torch.stack(decoded).mean(0)

@@ -1,7 +1,8 @@
-"""Communication compression (``spec.compression``): compressors, error feedback, DDP hooks.
+"""Communication compression (``spec.compression``): one class per method, error feedback, DDP hooks.
 
-``COMPRESSORS`` (registry.py) maps the CRD enum strings to compressor classes;
-``hooks.make_ddp_hook`` turns the spec into a DDP communication hook for
-``sync.algorithm: allreduce``; gossip (sync/gossip.py) uses the same
-compressors on the parameters it exchanges.
+``METHODS`` (registry.py) maps every CRD enum string to its class, which says
+everything about the method (base.py): the syncs it supports, its DDP hook
+(``sync.algorithm: allreduce``), its gossip consensus step and its local-SGD
+cast. Gossip (sync/gossip.py) uses the payload compressors on the parameter
+differences it exchanges.
 """

@@ -1,6 +1,23 @@
-"""The Compressor interface: a vector in, a fixed-size byte payload out, and back.
+"""A compression method, in one class: :class:`Method`, and :class:`Compressor` for payloads.
 
-A compressor turns a flat fp32 vector into a ``uint8`` payload whose size
+Everything Cohort knows about one ``spec.compression.method`` lives in its class:
+
+- ``syncs()``: the sync algorithms it supports. Read from the API's
+  ``SUPPORTED_COMPRESSION``, the one declaration that the CRD's CEL rule,
+  admission's message and docs/api.md are generated from; the class must then
+  implement what that table promises (tests/…/test_compression.py checks it);
+- ``ddp_hook(ctx)``: how ``sync.algorithm: allreduce`` communicates with it
+  (None: DDP's built-in dense allreduce);
+- ``consensus_step()``: CHOCO-gossip's step size for it (``sync.algorithm: gossip``);
+- ``localsgd_dtype()``: the dtype local SGD's averaging rounds are cast to.
+  A method without a gossip step or a local-SGD cast raises
+  :class:`Unsupported` there.
+
+The strategies a method runs under are an admission rule (compression acts on
+whole-replica gradients, so only ``data`` and ``auto``), declared in the API.
+
+A :class:`Compressor` turns a flat fp32 vector into a ``uint8`` payload whose size
+
 depends only on the vector's length (``payload_nbytes``). Fixed sizes matter:
 gloo's allgather refuses unequal sizes, and a receiver must know how many
 bytes to expect from a gossip peer. The payload is what goes on the wire, so
@@ -20,6 +37,13 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 import torch
+import torch.distributed as dist
+
+from cohort.api.models import SUPPORTED_COMPRESSION
+
+from ..sync.base import SyncContext, allgather_bytes
+from .error_feedback import ErrorFeedback
+from .hooks import Hook
 
 _MASK64 = (1 << 64) - 1
 
@@ -38,8 +62,12 @@ def generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-class Compressor(ABC):
-    """One compression method with its config (a small frozen dataclass, ``Config``)."""
+class Unsupported(NotImplementedError):
+    """This method cannot run with that sync algorithm (admission refuses the pair)."""
+
+
+class Method(ABC):
+    """One ``spec.compression.method`` with its config (a small frozen dataclass, ``Config``)."""
 
     name: ClassVar[str]
     Config: ClassVar[type]
@@ -50,11 +78,51 @@ class Compressor(ABC):
         self.config = config if config is not None else self.Config()
 
     @classmethod
-    def from_spec(cls, compression: Any, **overrides: Any) -> Compressor:
-        """Build from ``spec.compression`` (only the fields this compressor's Config declares)."""
-        fields = {f.name: getattr(compression, f.name) for f in dataclasses.fields(cls.Config)
-                  if hasattr(compression, f.name)}
-        return cls(cls.Config(**{**fields, **overrides}))
+    def from_spec(cls, compression: Any, **overrides: Any) -> Method:
+        """Build from ``spec.compression`` (only the fields this method's Config declares)."""
+        names = {f.name for f in dataclasses.fields(cls.Config)}
+        fields = {name: getattr(compression, name) for name in names if hasattr(compression, name)}
+        return cls(cls.Config(**{**fields, **{k: v for k, v in overrides.items() if k in names}}))
+
+    @classmethod
+    def syncs(cls) -> tuple[str, ...]:
+        """The sync algorithms this method supports: the API's one declaration of the pairs."""
+        return tuple(sync for sync, methods in SUPPORTED_COMPRESSION.items() if cls.name in methods)
+
+    @abstractmethod
+    def ddp_hook(self, ctx: SyncContext) -> tuple[Any, Hook] | None:
+        """(state, hook) for ``DDP.register_comm_hook``; None keeps DDP's built-in allreduce."""
+
+    def consensus_step(self) -> float:
+        """CHOCO-gossip's gamma in x += gamma * w * (theirs - mine) (sync/gossip.py).
+
+        1 for the (nearly) exact encodings, where gossip is plain averaging. The
+        others were tuned (docs/algorithms.md) on digits with 4 ranks on a ring, and
+        on pure consensus from different starting points with 2 and 4 ranks: too
+        large a gamma and the public copies lag behind the parameters, so the
+        consensus step overshoots (top-k at 10% with gamma = 0.5 diverges at P = 2;
+        0.05 converges). Random-k carries the least, so its gamma scales with k/n.
+        """
+        raise Unsupported(f"compression {self.name} cannot gossip")
+
+    def localsgd_dtype(self) -> torch.dtype:
+        """The dtype local SGD's averaging rounds travel in (sync/localsgd.py)."""
+        raise Unsupported(f"compression {self.name} cannot run local SGD")
+
+
+class Compressor(Method):
+    """A payload compressor: a vector in, a fixed-size byte payload out, and back.
+
+    On DDP, each rank compresses its bucket into a payload (with error feedback
+    for the biased ones), the payloads are allgathered as they are, and every
+    rank decodes all P payloads and averages them locally. A payload is never
+    expanded before it crosses the wire: a sum of sparse or quantised vectors is
+    not sparse or quantised, so an allreduce cannot carry it compactly.
+    """
+
+    def ddp_hook(self, ctx: SyncContext) -> tuple[Any, Hook] | None:
+        ef = ErrorFeedback() if self.biased and ctx.spec.compression.error_feedback else None
+        return CompressedAllgather(ctx, self, ef), compressed_allgather_hook
 
     @abstractmethod
     def payload_nbytes(self, numel: int) -> int:
@@ -81,3 +149,43 @@ class Compressor(ABC):
 def kept(numel: int, ratio: float) -> int:
     """Entries a sparsifier keeps: ceil(ratio * numel), at least one."""
     return min(numel, max(1, math.ceil(ratio * numel)))
+
+
+class CompressedAllgather:
+    """Hook state: the compressor, its error feedback, and a step counter for the shared seeds."""
+
+    def __init__(self, ctx: SyncContext, compressor: Compressor, error_feedback: ErrorFeedback | None):
+        self.ctx, self.compressor, self.error_feedback = ctx, compressor, error_feedback
+        self.base_seed = derive_seed(ctx.spec.workload.seed, 0xD0)
+        self.step = 0
+
+    def seed(self, bucket_index: int, rank: int) -> int:
+        # Every rank derives every other rank's seed: random-k indices need not travel.
+        return derive_seed(self.base_seed, self.step, bucket_index, rank)
+
+
+def compressed_allgather_hook(state: CompressedAllgather, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Allgather the bucket's payloads (an allgather of a k-byte payload costs (P-1) * k bytes per rank)."""
+    ctx, comp, ef = state.ctx, state.compressor, state.error_feedback
+    grad, key, world = bucket.buffer(), bucket.index(), ctx.world_size
+    n = grad.numel()
+    seeds = [state.seed(key, r) for r in range(world)]
+    x = ef.compensate(key, grad) if ef is not None else grad
+    payload, mine = comp.roundtrip(x, seeds[ctx.rank])
+    if ef is not None:
+        ef.update(key, x, mine)
+    size = payload.numel()
+    ctx.stats.record(allgather_bytes(size, world), size, 4 * n)
+    gathered = torch.empty(world * size, dtype=torch.uint8)
+    fut = dist.all_gather_into_tensor(gathered, payload, group=ctx.group, async_op=True).get_future()
+    if bucket.is_last():
+        state.step += 1
+
+    def average(f: torch.futures.Future[Any]) -> torch.Tensor:
+        f.value()  # re-raises if the allgather failed (a peer left)
+        total = torch.zeros(n)
+        for r in range(world):  # in rank order on every rank: the ranks' sums agree bit for bit
+            total += mine if r == ctx.rank else comp.decode(gathered[r * size:(r + 1) * size], n, seeds[r])
+        grad.copy_(total.div_(world))
+        return grad
+    return fut.then(average)

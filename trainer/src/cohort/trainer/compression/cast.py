@@ -1,8 +1,9 @@
-"""fp16 and bf16: the gradient (or parameter) cast to 16 bits, half the bytes.
+"""none, fp16 and bf16: the vector as it is, or cast to 16 bits (half the bytes).
 
-For DDP, hooks.py prefers torch's own hooks (fp16_compress_hook everywhere,
-bf16_compress_hook where the backend supports it); these classes are the
-same idea as payload compressors, for gossip and for the bf16 path on gloo.
+On DDP they use torch's own hooks (none: DDP's built-in allreduce;
+fp16_compress_hook everywhere; bf16_compress_hook where the backend supports
+it, the same cast-allreduce-cast elsewhere). As payloads they carry gossip's
+messages, and local SGD averages in their dtype. Every sync can use them.
 fp16 keeps more mantissa (10 bits) but overflows above 65504; bf16 keeps fp32's
 range with 7 mantissa bits.
 """
@@ -10,10 +11,14 @@ range with 7 mantissa bits.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from ..sync.base import SyncContext
 from .base import Compressor
+from .hooks import Hook, accounted, bf16_hook
 from .packing import pack_floats, unpack_floats
 
 
@@ -35,6 +40,12 @@ class _Cast(Compressor):
     def decode(self, payload: torch.Tensor, numel: int, seed: int) -> torch.Tensor:
         return unpack_floats(payload, self.dtype)
 
+    def consensus_step(self) -> float:
+        return 1.0  # (nearly) exact: gossip is plain averaging
+
+    def localsgd_dtype(self) -> torch.dtype:
+        return self.dtype
+
 
 class FP32(_Cast):
     """No compression: the raw fp32 vector (gossip's ``compression.method: none``)."""
@@ -45,12 +56,21 @@ class FP32(_Cast):
     def payload_nbytes(self, numel: int) -> int:
         return 4 * numel
 
+    def ddp_hook(self, ctx: SyncContext) -> tuple[Any, Hook] | None:
+        return None  # DDP's built-in C++ allreduce
+
 
 class FP16(_Cast):
     name = "fp16"
     dtype = torch.float16
 
+    def ddp_hook(self, ctx: SyncContext) -> tuple[Any, Hook] | None:
+        return ctx.group, accounted(default_hooks.fp16_compress_hook, ctx, bytes_per_elem=2)
+
 
 class BF16(_Cast):
     name = "bf16"
     dtype = torch.bfloat16
+
+    def ddp_hook(self, ctx: SyncContext) -> tuple[Any, Hook] | None:
+        return ctx.group, accounted(bf16_hook, ctx, bytes_per_elem=2)

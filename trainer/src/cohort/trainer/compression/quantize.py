@@ -73,6 +73,9 @@ class QSGD(Compressor):
         sign = 1.0 - 2.0 * (codes >> self.level_bits).to(torch.float32)
         return magnitude * sign * scale
 
+    def consensus_step(self) -> float:
+        return 0.2
+
 
 @dataclass(frozen=True)
 class TernGradConfig:
@@ -104,3 +107,6 @@ class TernGrad(Compressor):
         scale = rd.scalar()
         codes = unpack_bits(rd.take(packed_nbytes(numel, 2)), numel, 2)
         return ((codes == 1).to(torch.float32) - (codes == 2).to(torch.float32)) * scale
+
+    def consensus_step(self) -> float:
+        return 0.2

@@ -39,3 +39,6 @@ class ScaledSign(Compressor):
         scale = rd.scalar()
         bits = unpack_bits(rd.take(packed_nbytes(numel, 1)), numel, 1)
         return (bits.to(torch.float32) * 2.0 - 1.0) * scale
+
+    def consensus_step(self) -> float:
+        return 0.1

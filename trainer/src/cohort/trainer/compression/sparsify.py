@@ -47,6 +47,9 @@ class TopK(Compressor):
         idx, values = unpack_sparse(payload, kept(numel, self.config.ratio))
         return torch.zeros(numel).index_put_((idx,), values)
 
+    def consensus_step(self) -> float:
+        return 0.05
+
 
 @dataclass(frozen=True)
 class RandomKConfig:
@@ -75,6 +78,9 @@ class RandomK(Compressor):
     def decode(self, payload: torch.Tensor, numel: int, seed: int) -> torch.Tensor:
         values = unpack_floats(payload) * self._scale(numel)
         return torch.zeros(numel).index_put_((self.indices(numel, seed),), values)
+
+    def consensus_step(self) -> float:
+        return min(1.0, 0.5 * self.config.ratio)
 
 
 __all__ = ["RandomK", "TopK"]

@@ -1,8 +1,8 @@
 """``sync.algorithm: allreduce``: synchronous data parallelism with DDP.
 
-Gradients are averaged by DDP; ``spec.compression`` picks the communication
-hook (torch's own fp16/PowerSGD hooks where the backend supports them,
-Cohort's compact compressors otherwise; see cohort.trainer.compression).
+Gradients are averaged by DDP; the class of ``spec.compression.method`` gives the
+communication hook (torch's own fp16/bf16/PowerSGD hooks, or the payload
+compressors' allgather; see cohort.trainer.compression).
 Every hook is wrapped to time the hand-off and to count bytes. Without
 compression DDP keeps its built-in C++ allreduce (a Python hook costs a few
 percent of a small step); the hand-off is then timed by a post-accumulate
@@ -14,6 +14,7 @@ from __future__ import annotations
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ..compression.registry import build_method
 from .base import Sync, ring_allreduce_bytes
 
 
@@ -30,8 +31,8 @@ class AllreduceSync(Sync):
         if self.ctx.world_size == 1:
             return model
         ddp = DDP(model, process_group=self.ctx.group)
-        method = self.ctx.spec.compression.method
-        if method == "none":
+        hooked = build_method(self.ctx.spec.compression).ddp_hook(self.ctx)
+        if hooked is None:
             params = [p for p in model.parameters() if p.requires_grad]
             self._dense_bytes = sum(p.numel() * p.element_size() for p in params)
             # DDP buckets parameters in reverse order: the first parameter's gradient is the last one
@@ -42,9 +43,7 @@ class AllreduceSync(Sync):
             model._cohort_handoff_marker = params[0].register_post_accumulate_grad_hook(
                 lambda p: self.ctx.stats.mark_hook())
         else:
-            from ..compression.hooks import make_ddp_hook  # compressors are optional machinery
-
-            state, hook = make_ddp_hook(self.ctx)
+            state, hook = hooked
             ddp.register_comm_hook(state, timed_hook(hook, self.ctx.stats))
         return ddp
 

@@ -29,16 +29,17 @@ import statistics
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from ..compression.base import derive_seed
-from ..compression.cast import FP32
-from ..compression.registry import build_compressor
+from cohort.api import ValidationError
+from cohort.api.models import SUPPORTED_COMPRESSION
+
+from ..compression.base import Compressor, derive_seed
+from ..compression.registry import build_method
 from ..log import get_logger
 from . import topology
 from .base import Sync, SyncContext, ring_allreduce_bytes
@@ -47,28 +48,10 @@ from .gossip_exchange import Link, PeerExchange
 log = get_logger(__name__)
 
 
-def consensus_step(compression: Any) -> float:
-    """CHOCO's consensus step size gamma for ``spec.compression``.
-
-    1 for the (nearly) exact encodings, where gossip is plain averaging. The
-    others were tuned (docs/algorithms.md) on digits with 4 ranks on a ring, and
-    on pure consensus from different starting points with 2 and 4 ranks: too
-    large a gamma and the public copies lag behind the parameters, so the
-    consensus step overshoots (top-k at 10% with gamma = 0.5 diverges at P = 2;
-    0.05 converges). Random-k carries the least, so its gamma scales with k/n.
-    """
-    method = compression.method
-    if method in ("none", "fp16", "bf16"):
-        return 1.0
-    if method == "randomk":
-        return min(1.0, 0.5 * compression.ratio)
-    return {"topk": 0.05, "qsgd": 0.2, "terngrad": 0.2, "signsgd": 0.1}[method]
-
-
 @dataclass(frozen=True)
 class GossipConfig:
     consensus_step: float = 1.0
-    """gamma in x += gamma * w * (theirs - mine); see consensus_step()."""
+    """gamma in x += gamma * w * (theirs - mine): the compression method's consensus_step()."""
     straggler_threshold: float = 2.0
     """A neighbour computing this many times slower than this rank (plus straggler_margin_s) is not waited for."""
     straggler_margin_s: float = 0.002
@@ -86,9 +69,12 @@ class GossipSync(Sync):
         super().__init__(ctx)
         spec = ctx.spec
         self.topology, self.period = spec.sync.topology, max(1, int(spec.sync.period))
-        method = spec.compression.method
-        self.config = config or GossipConfig(consensus_step=consensus_step(spec.compression))
-        self.codec = FP32() if method == "none" else build_compressor(spec.compression, contractive=True)
+        codec = build_method(spec.compression, contractive=True)
+        if not isinstance(codec, Compressor):
+            raise ValidationError(f"spec.compression.method: {codec.name} is not supported with "
+                                  f"spec.sync.algorithm gossip (supported: {', '.join(SUPPORTED_COMPRESSION['gossip'])})")
+        self.codec = codec
+        self.config = config or GossipConfig(consensus_step=codec.consensus_step())
         self.seed = derive_seed(spec.workload.seed, 0x605)
         self.weight = topology.edge_weight(self.topology, ctx.world_size)
         self.exchange: PeerExchange | None = None

@@ -31,10 +31,10 @@ from torch.distributed.algorithms.model_averaging.averagers import PeriodicModel
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from ..compression.hooks import cast_wrapper
+from ..compression.registry import build_method
 from .allreduce import timed_hook
 from .base import Sync, SyncContext, ring_allreduce_bytes
-
-CAST = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,8 @@ class LocalSGDSync(Sync):
     def __init__(self, ctx: SyncContext, config: LocalSGDConfig | None = None):
         super().__init__(ctx)
         self.config = config or LocalSGDConfig()
-        self.dtype = CAST[ctx.spec.compression.method]
+        dtype = build_method(ctx.spec.compression).localsgd_dtype()  # admission refuses the others
+        self.dtype = None if dtype == torch.float32 else dtype  # None: torch's own fp32 average
         self.hook_state: plsgd.PostLocalSGDState | None = None
         self.averager: CastPeriodicAverager | None = None
 
@@ -106,8 +107,6 @@ class LocalSGDSync(Sync):
     def _hook(self) -> Any:
         hook: Callable[..., Any] = plsgd.post_localSGD_hook
         if self.dtype is not None:
-            from ..compression.hooks import cast_wrapper  # compressors are optional machinery
-
             hook = cast_wrapper(hook, self.dtype)
         ctx, bpe = self.ctx, 4 if self.dtype is None else 2
 
