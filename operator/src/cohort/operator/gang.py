@@ -12,7 +12,7 @@ whatever the cluster offers, in this order of preference:
    ``scheduling.k8s.io/group-name`` annotation and use the ``volcano`` scheduler).
 
 Pure: :func:`choose_gang_api` takes what discovery found; the builders return
-dicts. Discovery itself (HTTP) lives in the reconciler. When nothing fits,
+dicts. Discovery itself (HTTP) lives in owned.py. When nothing fits,
 the job gets ``GangScheduling=False`` with reason ``Unsupported``.
 """
 

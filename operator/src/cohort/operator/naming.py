@@ -14,7 +14,7 @@ from typing import Any
 from cohort.api.jobconfig import API_VERSION as API_VERSION
 from cohort.api.jobconfig import METRICS_PORT as METRICS_PORT
 from cohort.api.jobconfig import RDZV_PORT as RDZV_PORT
-from cohort.api.models import KIND
+from cohort.api.models import KIND, PLURAL
 
 MANAGER = "cohort-operator"
 
@@ -118,3 +118,9 @@ def controller_uid(obj: dict[str, Any]) -> str:
         if ref.get("controller"):
             return str(ref.get("uid", ""))
     return ""
+
+
+def job_path(namespace: str, name: str = "", sub: str = "") -> str:
+    """The API path of a namespace's TrainingJobs, of one of them, or of its subresource."""
+    out = f"/apis/{API_VERSION}/namespaces/{namespace}/{PLURAL}"
+    return out + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")

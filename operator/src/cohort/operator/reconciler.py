@@ -1,7 +1,9 @@
 """The reconcile loop: observe one job, decide, carry out the Decision.
 
-All I/O of a reconcile is here; all decisions are in :mod:`.decide`. The
-order of writes makes a crash at any point harmless:
+Observing (the job, its status, its pods) is here; every decision is in
+:mod:`.decide` (pure); the owned objects are kept by :mod:`.owned`, and the
+Decision is carried out by :mod:`.execute`. The order of writes makes a
+crash at any point harmless:
 
 1. owned objects (config, Service, RBAC, PDB, gang object) are created if
    absent; the config is updated when the spec changes;
@@ -26,14 +28,14 @@ import logging
 import time
 from typing import Any
 
-from cohort.api.models import PLURAL, TrainingJobSpec, TrainingJobStatus
+from cohort.api.models import TrainingJobSpec, TrainingJobStatus
 from cohort.api.schema import ValidationError, parse, to_dict
 
-from .decide import Decision, Inputs, decide
+from .decide import Inputs, decide
 from .events import EventRecorder
-from .gang import DISCOVERY_GROUP_VERSIONS, GangApi, build_gang_object, choose_gang_api, gang_message, gang_pod_fields
+from .execute import Executor
 from .jobstate import JobKey, JobMemory
-from .kubeapi import ApiError, Kube, gather_limited
+from .kubeapi import ApiError, Kube
 from .lifecycle import FINAL_PHASES, get_condition, set_condition
 from .manifests import (
     CONFIG_MAP,
@@ -43,14 +45,12 @@ from .manifests import (
     ROLE,
     ROLE_BINDING,
     SERVICE_ACCOUNT,
-    build_world_map,
-    kind_of,
     owned_objects,
 )
 from .metrics import OperatorMetrics
-from .naming import API_VERSION, CONFIG_KEY, LABEL_JOB, WORLD_KEY, world_map_name
+from .naming import LABEL_JOB, WORLD_KEY, job_path, world_map_name
 from .observe import view_pods
-from .pods import build_worker_pod
+from .owned import OwnedObjects
 from .settings import Settings
 from .workqueue import BACKGROUND, WorkQueue
 from .world import Member, World
@@ -64,11 +64,6 @@ UNWATCHED_NAMES = {k.kind for k in (*UNWATCHED_KINDS, NETWORK_POLICY)}
 EXPECTATION_S = 30.0
 
 
-def job_path(namespace: str, name: str = "", sub: str = "") -> str:
-    out = f"/apis/{API_VERSION}/namespaces/{namespace}/{PLURAL}"
-    return out + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
-
-
 class Reconciler:
     def __init__(self, kube: Kube, settings: Settings, metrics: OperatorMetrics, recorder: EventRecorder):
         self.kube = kube
@@ -79,8 +74,8 @@ class Reconciler:
         self.jobs: dict[JobKey, JobMemory] = {}
         self._phases: dict[JobKey, str] = {}  # for the jobs-by-phase gauge
         self.pod_index: Any = None  # kopf's pods_by_job index, handed over by the first handler call
-        self._gang: tuple[float, GangApi | None] | None = None
-        self._gang_lock = asyncio.Lock()
+        self.owned = OwnedObjects(kube, settings, recorder)
+        self.executor = Executor(kube, settings, metrics, recorder, self.queue, self.owned)
 
     # --- triggers (called by the kopf handlers) ------------------------------
     def memory(self, key: JobKey) -> JobMemory:
@@ -190,10 +185,10 @@ class Reconciler:
         # What the pods need (config, ServiceAccount) is ensured while the pods
         # are listed and the status written; it is awaited before any pod is created.
         prerequisites: asyncio.Future[Any] = asyncio.ensure_future(
-            self._ensure_owned(mem, job, before, world=True) if active else asyncio.sleep(0))
+            self.owned.ensure(mem, job, before, world=True) if active else asyncio.sleep(0))
         try:
             if active:
-                gang_fields = await self._ensure_gang(mem, job, spec, now)
+                gang_fields = await self.owned.ensure_gang(mem, job, spec, now)
             pods = await self._observed_pods(mem)
         except BaseException:
             prerequisites.cancel()
@@ -203,11 +198,11 @@ class Reconciler:
         decision = decide(inputs)
         # The Service, RBAC and PDB wait for a reconcile that creates no pod:
         # on a busy API server, every job's workers come first.
-        if await self._execute(mem, job, spec, decision, gang_fields, prerequisites) and active:
+        if await self.executor.execute(mem, job, spec, decision, gang_fields, prerequisites) and active:
             if decision.create:
                 self.queue.add_after(mem.key, 1.0, BACKGROUND)
             else:
-                await self._ensure_owned(mem, job, after)
+                await self.owned.ensure(mem, job, after)
 
     async def _observed_pods(self, mem: JobMemory) -> list[dict[str, Any]]:
         """The job's pods: kopf's pod index, corrected for our own recent writes.
@@ -246,7 +241,7 @@ class Reconciler:
         now = dt.datetime.now(dt.timezone.utc)
         st.conditions = set_condition(st.conditions, "Failed", True, "InvalidSpec", message,
                                       generation=int(job["metadata"].get("generation") or 0), now=now)
-        await self._patch_status(mem, job, st)
+        await self.executor.patch_status(mem, job, st)
         self.recorder.emit(job, "Warning", "InvalidSpec", message)
 
     async def _load(self, mem: JobMemory, job: dict[str, Any]) -> None:
@@ -269,217 +264,16 @@ class Reconciler:
         if cm is None:
             mem.lost.add(("World", world_map_name(name)))
 
-    async def _ensure_owned(self, mem: JobMemory, job: dict[str, Any], objects: list[dict[str, Any]], *,
-                            world: bool = False) -> None:
-        """Create what is missing (and update the config when the spec changed); say so if it was repaired.
 
-        RoleBindings go last: without the ``bind`` verb (the chart's least-privilege account) the
-        API server refuses a binding whose Role does not exist yet.
-        """
-        bindings = [o for o in objects if o["kind"] == "RoleBinding"]
-        if bindings and len(bindings) < len(objects):
-            await self._ensure_owned(mem, job, [o for o in objects if o["kind"] != "RoleBinding"], world=world)
-            objects, world = bindings, False
-        todo = []
-        for obj in objects:
-            ident = (obj["kind"], obj["metadata"]["name"])
-            if obj["kind"] == "ConfigMap":
-                text = obj["data"][CONFIG_KEY]
-                if ident in mem.ensured and text == mem.config_text:
-                    continue
-                todo.append(self._ensure_config(mem, obj, text))
-            elif ident not in mem.ensured:
-                todo.append(self._ensure_one(mem, obj))
-        # The world ConfigMap appears with the first world (workers wait for it);
-        # after that it is recreated if deleted.
-        name = world_map_name(mem.key[1])
-        if world and mem.world.version > 0 and (("World", name) in mem.lost or ("ConfigMap", name) not in mem.ensured):
-            todo.append(self._write_world(mem, job, mem.world, create_only=True))
-        if not todo:
-            return
-        results = await asyncio.gather(*todo, return_exceptions=True)
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
-        repaired = [r for r in results if isinstance(r, str)]
-        if repaired:
-            self.recorder.emit(job, "Warning", "Repaired", "Recreated " + ", ".join(repaired) + ": it was deleted")
 
-    async def _ensure_one(self, mem: JobMemory, obj: dict[str, Any]) -> str | None:
-        """Create if absent; returns the object's description if it had been seen deleted."""
-        return (await self._create_owned(mem, obj))[1]
 
-    async def _create_owned(self, mem: JobMemory, obj: dict[str, Any]) -> tuple[bool, str | None]:
-        ident = (obj["kind"], obj["metadata"]["name"])
-        created = await self.kube.create_if_absent(kind_of(obj).path(mem.key[0]), obj)
-        mem.ensured.add(ident)
-        was_lost = ident in mem.lost
-        mem.lost.discard(ident)
-        return created, (f"{obj['kind']} {obj['metadata']['name']}" if created and was_lost else None)
 
-    async def _ensure_config(self, mem: JobMemory, obj: dict[str, Any], text: str) -> str | None:
-        # Create first: for a new job that is the only call. Only an existing
-        # config is read, and patched if the spec (so job.json) changed.
-        created, repaired = await self._create_owned(mem, obj)
-        path = CONFIG_MAP.path(mem.key[0], obj["metadata"]["name"])
-        if not created and mem.config_text != text:
-            current = await self.kube.get(path)
-            if current is not None and (current.get("data") or {}).get(CONFIG_KEY) != text:
-                await self.kube.patch(path, {"data": {CONFIG_KEY: text}})
-        mem.config_text = text
-        return repaired
 
-    async def _ensure_gang(self, mem: JobMemory, job: dict[str, Any], spec: TrainingJobSpec,
-                           now: dt.datetime) -> dict[str, Any]:
-        if not spec.scheduling.gang:
-            return {}
-        api = await self.gang_api()
-        name = mem.key[1]
-        message = gang_message(api, name, spec)
-        cond = get_condition(mem.status.conditions, "GangScheduling")
-        ok = api is not None
-        reason = api.flavour.replace("-", " ").title().replace(" ", "") if api else "Unsupported"
-        if cond is None or cond.reason != reason or cond.message != message:
-            mem.status.conditions = set_condition(mem.status.conditions, "GangScheduling", ok, reason, message,
-                                                  generation=int(job["metadata"].get("generation") or 0), now=now)
-            self.recorder.emit(job, "Normal" if ok else "Warning",
-                               "GangScheduling" if ok else "GangSchedulingUnsupported", message)
-        if api is None:
-            return {}
-        if mem.gang_key != api.description:
-            obj = build_gang_object(api, job, spec)
-            if await self.kube.create_if_absent(api.kind.path(mem.key[0]), obj):
-                self.recorder.emit(job, "Normal", "Created", f"Created {api.description} {name}")
-            mem.gang_key = api.description
-        return gang_pod_fields(api, name, spec)
 
-    async def gang_api(self) -> GangApi | None:
-        """The preferred gang scheduling API the server offers (discovery, cached)."""
-        async with self._gang_lock:
-            if self._gang and time.monotonic() < self._gang[0]:
-                return self._gang[1]
-            served: set[tuple[str, str]] = set()
-            for found in await asyncio.gather(*(self.kube.served_resources(gv) for gv in DISCOVERY_GROUP_VERSIONS)):
-                served |= found
-            api = choose_gang_api(served)
-            self._gang = (time.monotonic() + self.settings.discovery_s, api)
-            return api
 
-    # --- carrying out a decision -------------------------------------------------
-    async def _execute(self, mem: JobMemory, job: dict[str, Any], spec: TrainingJobSpec, decision: Decision,
-                       gang_fields: dict[str, Any], prerequisites: asyncio.Future[Any]) -> bool:
-        """Carry out the decision; False when the job is gone."""
-        ns, name = mem.key
-        try:
-            if decision.world is not None:
-                old_version = mem.world.version
-                await self._write_world(mem, job, decision.world)
-                if decision.world.version != old_version:
-                    self.metrics.world_changes.inc()
-            if to_dict(decision.status) != mem.written and not await self._patch_status(mem, job, decision.status):
-                return False
-        finally:
-            await prerequisites  # its errors surface here, before any pod is created
-        mem.status = decision.status
-        if decision.delete_job:
-            for ev in decision.events:
-                await self.recorder.post(job, ev.type, ev.reason, ev.message)  # before the job (and its Events) go
-            try:
-                await self.kube.request("DELETE", job_path(ns, name), body={"propagationPolicy": "Background"})
-            except ApiError as e:
-                if e.status != 404:
-                    raise
-            return False
-        deleted = await self._delete_pods(mem, decision)
-        created = await self._create_pods(mem, job, spec, decision, gang_fields)
-        for reason, count in decision.replaced.items():
-            if count:
-                self.metrics.replacements.labels(reason=reason).inc(count)
-        # Pod creations and deletions are announced in one Event per batch,
-        # naming every pod: the same story at a fraction of the API calls.
-        for ev in decision.events:
-            if ev.reason != "PodDeleted":
-                self.recorder.emit(job, ev.type, ev.reason, ev.message)
-        for why, pods in deleted.items():
-            self.recorder.emit(job, "Normal", "PodDeleted", f"Deleted worker pods {', '.join(pods)}: {why}")
-        if created:
-            self.recorder.emit(job, "Normal", "PodCreated", "Created worker pods " + ", ".join(created))
-        if decision.straggler_handled:
-            mem.verdict = None
-            mem.window.clear()
-            mem.cooldown_until = time.monotonic() + spec.stragglers.window_seconds
-        if decision.requeue_after is not None:
-            self.queue.add_after(mem.key, decision.requeue_after)
-        return True
 
-    async def _write_world(self, mem: JobMemory, job: dict[str, Any], world: World, *,
-                           create_only: bool = False) -> str | None:
-        ns, name = mem.key
-        body = build_world_map(job, world)
-        path = CONFIG_MAP.path(ns, world_map_name(name))
-        repaired: str | None = None
-        if create_only:
-            # Recreate what memory holds; a concurrent publish of a newer world wins (it patches).
-            if await self.kube.create_if_absent(CONFIG_MAP.path(ns), body) and ("World", world_map_name(name)) in \
-                    mem.lost and world.version > 0:
-                repaired = f"ConfigMap {world_map_name(name)}"
-        else:
-            try:
-                await self.kube.patch(path, {"data": body["data"]})
-            except ApiError as e:
-                if e.status != 404:
-                    raise
-                if not await self.kube.create_if_absent(CONFIG_MAP.path(ns), body):
-                    await self.kube.patch(path, {"data": body["data"]})  # recreated meanwhile
-            mem.world = world
-        mem.ensured.add(("ConfigMap", world_map_name(name)))
-        mem.lost.discard(("World", world_map_name(name)))
-        mem.lost.discard(("ConfigMap", world_map_name(name)))
-        return repaired
 
-    async def _patch_status(self, mem: JobMemory, job: dict[str, Any], status: TrainingJobStatus) -> bool:
-        ns, name = mem.key
-        try:
-            await self.kube.patch(job_path(ns, name, "status"), {"status": to_dict(status)})
-        except ApiError as e:
-            if e.status == 404:
-                return False  # deleted meanwhile; the DELETED event cleans up
-            raise
-        mem.status = status
-        mem.written = to_dict(status)
-        return True
 
-    async def _delete_pods(self, mem: JobMemory, decision: Decision) -> dict[str, list[str]]:
-        ns = mem.key[0]
-        names = list(decision.delete)
-        results = await gather_limited([self.kube.delete(POD.path(ns, n)) for n in names],
-                                       self.settings.api_concurrency)
-        out: dict[str, list[str]] = {}
-        for n, r in zip(names, results, strict=True):
-            if isinstance(r, BaseException):
-                raise r
-            mem.deleting[n] = time.monotonic()
-            if r:
-                self.metrics.pods_deleted.inc()
-                out.setdefault(decision.delete[n], []).append(n)
-        return out
-
-    async def _create_pods(self, mem: JobMemory, job: dict[str, Any], spec: TrainingJobSpec, decision: Decision,
-                           gang_fields: dict[str, Any]) -> list[str]:
-        ns = mem.key[0]
-        pods = [build_worker_pod(job, spec, r.index, default_image=self.settings.default_image, gang=gang_fields,
-                                 replaces=r.replaces, avoid=list(r.avoid_nodes)) for r in decision.create]
-        results = await gather_limited([self.kube.create_if_absent(POD.path(ns), p) for p in pods],
-                                       self.settings.api_concurrency)
-        created = []
-        for pod, r in zip(pods, results, strict=True):
-            if isinstance(r, BaseException):
-                raise r
-            mem.expected[pod["metadata"]["name"]] = (time.monotonic(), {**pod, "status": {"phase": "Pending"}})
-            if r:
-                self.metrics.pods_created.inc()
-                created.append(pod["metadata"]["name"])
-        return created
 
 
 def _parse_status(job: dict[str, Any]) -> TrainingJobStatus:

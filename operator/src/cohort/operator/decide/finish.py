@@ -1,0 +1,112 @@
+"""The job-level phases of a reconcile: start and resume, suspend, the deadline, success, failure, clean-up."""
+
+from __future__ import annotations
+
+from typing import cast
+
+from cohort.api.models import Phase, TrainingJobSpec
+
+from ..lifecycle import fmt_time, parse_time, phase_conditions, seconds_until
+from ..observe import PodView
+from ..world import World
+from .decision import Decision, Inputs
+from .status import apply_progress, fill_counts
+
+
+def finished(observed: Inputs, decision: Decision) -> None:
+    """A finished job only cleans up its pods, and deletes itself after ttlSecondsAfterFinished."""
+    status = decision.status
+    for view in observed.pods:
+        if view.owned and view.active:
+            decision.remove(view, f"job {status.phase}")
+    ttl = observed.spec.run_policy.ttl_seconds_after_finished
+    done_at = parse_time(status.completion_time)
+    if ttl is not None and done_at is not None:
+        left = seconds_until(done_at, observed.now) + ttl
+        if left <= 0:
+            decision.delete_job = True
+            decision.event("TTLExpired", f"Deleting the job: runPolicy.ttlSecondsAfterFinished={ttl} passed")
+        else:
+            decision.requeue(left)
+    status.replicas.active = 0
+    status.replicas.ready = 0
+    status.replicas.spares = 0
+
+
+def suspend(observed: Inputs, decision: Decision) -> None:
+    """runPolicy.suspend: delete the workers and publish an empty world; the status stays."""
+    status = decision.status
+    active = [view for view in observed.pods if view.owned and view.active]
+    if status.phase != "Suspended":
+        decision.event("Suspended", f"runPolicy.suspend is true: deleting {len(active)} workers")
+    for view in active:
+        decision.remove(view, "job suspended")
+    if observed.world.members or observed.world.spares:
+        decision.world = World(version=observed.world.version + (1 if observed.world.members else 0),
+                               reason="job suspended")
+        if observed.world.members:
+            decision.event("WorldPublished", f"World v{decision.world.version}: 0 members; job suspended")
+    status.phase, status.backoff_until, status.below_min_since = "Suspended", "", ""
+    status.conditions = phase_conditions(status.conditions, phase="Suspended", world_size=0,
+                                         target=observed.effective_target, minimum=observed.spec.replicas.min,
+                                         final_reason="", final_message="", generation=observed.generation,
+                                         now=observed.now)
+    fill_counts(observed, decision, decision.world or observed.world)
+
+
+def start(observed: Inputs, decision: Decision) -> None:
+    """A resumed job starts again from Pending; a job's clock starts at its first active reconcile."""
+    status = decision.status
+    if status.phase == "Suspended":
+        decision.event("Resumed", "runPolicy.suspend is false: recreating the workers")
+        status.phase, status.start_time, status.below_min_since, status.backoff_until = "Pending", "", "", ""
+    if not status.start_time:
+        status.start_time = fmt_time(observed.now)
+
+
+def past_deadline(observed: Inputs, decision: Decision) -> bool:
+    """runPolicy.activeDeadlineSeconds: fail the job when it passed (True), else requeue for it."""
+    deadline_s = observed.spec.run_policy.active_deadline_seconds
+    if not deadline_s:
+        return False
+    left = seconds_until(parse_time(decision.status.start_time), observed.now) + deadline_s
+    if left <= 0:
+        fail(observed, decision, "DeadlineExceeded", f"the job ran longer than runPolicy.activeDeadlineSeconds={deadline_s}")
+        return True
+    decision.requeue(left)
+    return False
+
+
+def succeeded(spec: TrainingJobSpec, world: World, done: set[str]) -> bool:
+    """successPolicy: rank 0, or every member, exited 0."""
+    if spec.run_policy.success_policy == "rank0":
+        return world.members[0].pod in done
+    return all(n in done for n in world.names)
+
+
+def succeed(observed: Inputs, decision: Decision, rank0: PodView | None) -> None:
+    summary = rank0.termination_summary() if rank0 else {}
+    if summary:
+        apply_progress(decision.status, summary, observed.now)
+    if observed.spec.run_policy.success_policy == "rank0":
+        _finish(observed, decision, "Succeeded", "Rank0Succeeded", f"rank 0 ({rank0.name if rank0 else '?'}) exited 0")
+    else:
+        _finish(observed, decision, "Succeeded", "AllWorkersSucceeded", f"all {observed.world.size} members exited 0")
+
+
+def fail(observed: Inputs, decision: Decision, reason: str, message: str) -> None:
+    _finish(observed, decision, "Failed", reason, message)
+
+
+def _finish(observed: Inputs, decision: Decision, phase: str, reason: str, message: str) -> None:
+    status = decision.status
+    status.phase = cast(Phase, phase)
+    status.completion_time = fmt_time(observed.now)
+    status.backoff_until = status.below_min_since = ""
+    status.conditions = phase_conditions(status.conditions, phase=phase, world_size=0,
+                                         target=observed.effective_target, minimum=observed.spec.replicas.min,
+                                         final_reason=reason, final_message=message,
+                                         generation=observed.generation, now=observed.now)
+    decision.event(phase, f"{reason}: {message}", warning=phase == "Failed")
+    finished(observed, decision)
+    status.world.size = observed.world.size
