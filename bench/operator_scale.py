@@ -47,6 +47,7 @@ sys.path.insert(0, str(REPO))
 from cohort.api.models import TrainingJobSpec  # noqa: E402
 from cohort.api.schema import parse, to_dict  # noqa: E402
 from cohort.operator.pods import build_worker_pod  # noqa: E402
+from tests.support.wait import wait_for  # noqa: E402
 
 GROUP, VERSION, PLURAL = "cohort.dev", "v1alpha1", "trainingjobs"
 NODE_LABEL = "cohort.dev/bench"
@@ -94,8 +95,9 @@ class Cluster:
                              "labels": {"kubernetes.io/hostname": name, NODE_LABEL: "true", "type": "kwok-bench"}},
                 "spec": {"taints": [{"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}]}})
             self.core.patch_node_status(name, {"status": {"capacity": capacity, "allocatable": capacity}})
-        wait(lambda: all(any(c.type == "Ready" and c.status == "True" for c in self.core.read_node(n).status.conditions or [])
-                         for n in names), 120, "bench nodes Ready")
+        wait_for(lambda: all(any(c.type == "Ready" and c.status == "True"
+                                 for c in self.core.read_node(n).status.conditions or []) for n in names),
+                 120, what="bench nodes Ready")
         return names
 
     def delete_nodes(self, names: list[str]) -> None:
@@ -109,7 +111,7 @@ class Cluster:
     def namespace(self, prefix: str) -> str:
         name = f"{prefix}-{uuid.uuid4().hex[:6]}"
         self.core.create_namespace({"metadata": {"name": name, "labels": {"cohort.dev/bench": "true"}}})
-        wait(lambda: self.core.list_namespaced_service_account(name).items, 60, "default ServiceAccount")
+        wait_for(lambda: self.core.list_namespaced_service_account(name).items, 60, what="default ServiceAccount")
         return name
 
     def drop_namespace(self, name: str) -> None:
@@ -124,17 +126,7 @@ class Cluster:
             except ApiException as e:
                 return e.status == 404
 
-        wait(gone, 600, f"namespace {name} deleted")
-
-
-def wait(predicate, timeout_s: float, what: str, interval_s: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise TimeoutError(f"timed out after {timeout_s}s: {what}")
+        wait_for(gone, 600, what=f"namespace {name} deleted")
 
 
 class Recorder:
@@ -209,9 +201,9 @@ def run_baseline(cluster: Cluster, n_jobs: int, workers: int, concurrency: int) 
         t0 = time.monotonic()
         with ThreadPoolExecutor(concurrency) as pool:
             list(pool.map(lambda p: cluster.core.create_namespaced_pod(ns, p, _preload_content=False), pods))
-        wait(lambda: len(rec.pod_seen) >= len(pods), 600, "baseline pods seen", 0.05)
+        wait_for(lambda: len(rec.pod_seen) >= len(pods), 600, 0.05, what="baseline pods seen")
         t_exist = max(rec.pod_seen.values()) - t0
-        wait(lambda: len(rec.pod_ready) >= len(pods), 900, "baseline pods Ready", 0.1)
+        wait_for(lambda: len(rec.pod_ready) >= len(pods), 900, 0.1, what="baseline pods Ready")
         t_ready = max(rec.pod_ready.values()) - t0
         rec.stop()
         return {"pods": len(pods), "exist_s": t_exist, "running_s": t_ready}
@@ -279,7 +271,7 @@ def run_operator(cluster: Cluster, n_jobs: int, workers: int, concurrency: int, 
             except OSError:
                 return False
 
-        wait(leading, 60, "operator leading")
+        wait_for(leading, 60, what="operator leading")
         rec = Recorder(cluster, ns, jobs=True)
         time.sleep(1)
         applied: dict[str, float] = {}
@@ -296,9 +288,9 @@ def run_operator(cluster: Cluster, n_jobs: int, workers: int, concurrency: int, 
         with ThreadPoolExecutor(concurrency) as pool:
             list(pool.map(apply, range(n_jobs)))
         total = n_jobs * workers
-        wait(lambda: len(rec.pod_seen) >= total, 900, "operator pods seen", 0.05)
+        wait_for(lambda: len(rec.pod_seen) >= total, 900, 0.05, what="operator pods seen")
         t_exist = max(rec.pod_seen.values()) - t0
-        wait(lambda: len(rec.job_running) >= n_jobs, 900, "jobs Running", 0.1)
+        wait_for(lambda: len(rec.job_running) >= n_jobs, 900, 0.1, what="jobs Running")
         t_running = max(rec.job_running.values()) - t0
         latencies = [rec.job_running[j] - applied[j] for j in applied]
         busy_cpu_pct = 100 * (proc_stats(proc.pid)[1] - cpu_start) / (time.monotonic() - t0)

@@ -34,6 +34,8 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from tests.support.wait import wait_for  # noqa: E402
 
 
 def _ts(value: str) -> float:
@@ -105,13 +107,11 @@ def cluster_once(kill_step: int, steps: int, run: int) -> tuple[float, int]:
     # The killed worker's pod is deleted at once: follow the logs while the job runs.
     with podlogs.PodLogs(core, ns, f"cohort.dev/job={name}", logs):
         custom.create_namespaced_custom_object("cohort.dev", "v1alpha1", ns, "trainingjobs", job)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
+        def finished() -> str | None:
             phase = custom.get_namespaced_custom_object("cohort.dev", "v1alpha1", ns, "trainingjobs", name) \
                 .get("status", {}).get("phase")
-            if phase in ("Succeeded", "Failed"):
-                break
-            time.sleep(1)
+            return phase if phase in ("Succeeded", "Failed") else None
+        phase = wait_for(finished, 300, 1, what=f"{ns}/{name} to finish")
         time.sleep(2)  # the last lines of the logs
     assert phase == "Succeeded", f"{ns}/{name} ended {phase}"
     records = []

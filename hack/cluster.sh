@@ -59,14 +59,13 @@ fail_component() {  # name reason
 }
 
 wait_for() {  # name timeout_s command...
-  local name=$1 timeout=$2 i; shift 2
-  for ((i = 0; i < timeout * 5; i++)); do
-    "$@" >/dev/null 2>&1 && return 0
-    # kill -0, not pid_alive: until the child has exec'd, its command line is still bash's.
-    kill -0 "$(cat "$PIDS/$name.pid")" 2>/dev/null || fail_component "$name" "exited during start-up"
-    sleep 0.2
-  done
-  fail_component "$name" "did not become ready within ${timeout}s"
+  local name=$1 timeout=$2 rc=0; shift 2
+  poll_ready "$timeout" "$PIDS/$name.pid" "$@" || rc=$?
+  case $rc in
+    0) ;;
+    1) fail_component "$name" "exited during start-up" ;;
+    *) fail_component "$name" "did not become ready within ${timeout}s" ;;
+  esac
 }
 
 gen_pki() {

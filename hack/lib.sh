@@ -104,3 +104,16 @@ subjects:
 - {apiGroup: rbac.authorization.k8s.io, kind: User, name: "cohort:$1"}
 YAML
 }
+
+# Polls `command...` every 0.2 s until it succeeds (returns 0), the process in
+# pidfile exits (1; kill -0, not pid_alive: until the child has exec'd, its
+# command line is still bash's), or timeout_s passes (2). The callers say why.
+poll_ready() {  # timeout_s pidfile command...
+  local timeout=$1 pidfile=$2 i; shift 2
+  for ((i = 0; i < timeout * 5; i++)); do
+    "$@" >/dev/null 2>&1 && return 0
+    kill -0 "$(cat "$pidfile")" 2>/dev/null || return 1
+    sleep 0.2
+  done
+  return 2
+}

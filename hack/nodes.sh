@@ -270,15 +270,13 @@ start() {  # name cmd...
 }
 
 wait_until() {  # what timeout_s pidfile command...
-  local what=$1 timeout=$2 pidfile=$3 i; shift 3
-  for ((i = 0; i < timeout * 5; i++)); do
-    "$@" >/dev/null 2>&1 && return 0
-    kill -0 "$(cat "$pidfile")" 2>/dev/null || { tail -n 20 "$LOGS/$(basename "$pidfile" .pid).log" >&2 || true
-      die "$what exited during start-up; its log: $LOGS/$(basename "$pidfile" .pid).log"; }
-    sleep 0.2
-  done
-  tail -n 20 "$LOGS/$(basename "$pidfile" .pid).log" >&2 || true
-  die "$what was not ready within ${timeout}s; its log: $LOGS/$(basename "$pidfile" .pid).log"
+  local what=$1 timeout=$2 pidfile=$3 rc=0 logfile; shift 3
+  poll_ready "$timeout" "$pidfile" "$@" || rc=$?
+  [[ $rc == 0 ]] && return 0
+  logfile="$LOGS/$(basename "$pidfile" .pid).log"
+  tail -n 20 "$logfile" >&2 || true
+  [[ $rc == 1 ]] && die "$what exited during start-up; its log: $logfile"
+  die "$what was not ready within ${timeout}s; its log: $logfile"
 }
 
 healthy() {

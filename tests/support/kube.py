@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -10,6 +9,8 @@ from typing import Any, TypeVar
 import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+
+from tests.support import wait
 
 T = TypeVar("T")
 
@@ -26,19 +27,8 @@ def reachable(kubeconfig: str) -> bool:
 
 
 def wait_for(predicate: Callable[[], T], timeout_s: float = 30, interval_s: float = 0.2, what: str = "") -> T:
-    """Poll until predicate() is truthy; return its value, or fail saying what was awaited."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = predicate()
-        except ApiException as e:
-            last = e
-        else:
-            if last:
-                return last
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what or predicate}; last value: {last!r}")
+    """support.wait.wait_for, with the API server's errors counted as "not yet"."""
+    return wait.wait_for(predicate, timeout_s, interval_s, what, retry_on=(ApiException,))
 
 
 class Cluster:

@@ -8,12 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
+
+from tests.support.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,10 +72,7 @@ def kill_tree(proc: subprocess.Popen) -> None:
 
 
 def wait_for_file(path: Path, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} did not appear within {timeout_s}s"
-        time.sleep(0.02)
+    wait_for(path.exists, timeout_s, 0.02, what=f"{path} to appear")
 
 
 def final_model(ckpt_root: Path) -> dict[str, torch.Tensor]:

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests.support.kube import Cluster
+from tests.support.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "hack" / "prometheus.sh"
@@ -157,11 +157,11 @@ def substitute_grafana_variables(expr: str) -> str:
 
 def wait_query(prom: Prometheus, expr: str, predicate: Any, timeout_s: float, what: str) -> list[dict[str, Any]]:
     """Poll an instant query until predicate(result) holds; return the result."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = prom.query(expr)
-        if predicate(last):
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}: {expr} -> {last!r}")
+    result: list[dict[str, Any]] = []
+
+    def holds() -> bool:
+        nonlocal result
+        result = prom.query(expr)
+        return bool(predicate(result))
+    wait_for(holds, timeout_s, 0.5, what=f"{what}: {expr}")
+    return result

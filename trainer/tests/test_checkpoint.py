@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+from tests.support.wait import wait_for
 
 from cohort.trainer.checkpoint import MARKER, Checkpointer, CheckpointError
 
@@ -59,13 +60,12 @@ def test_checkpoint_killed_mid_write_is_ignored(tmp_path):
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "saving"
-    deadline = time.monotonic() + 30
-    while not (tmp_path / "step-00000002").exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert (tmp_path / "step-00000002").exists(), "the writer never started"
+    try:
+        wait_for((tmp_path / "step-00000002").exists, 30, 0.01, what="the writer to start")
+        time.sleep(0.05)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
     assert not (tmp_path / "step-00000002" / MARKER).exists()
     assert ck.latest().step == 1
     ck.save(3, state(3), {})

@@ -4,6 +4,11 @@
 answer, so the kubelet's liveness probe restarts the process. ``/readyz``
 answers 200 once the replica knows its role: leading with its watches
 started, or standing by for the Lease; 503 before that.
+
+Why not prometheus_client's server (which serves /metrics on its own port,
+main.py): it answers from a thread, so it would say "alive" while the event
+loop is wedged. These endpoints run on the loop itself, on aiohttp, which the
+operator already uses for its API client.
 """
 
 from __future__ import annotations

@@ -2,6 +2,11 @@
 
 Every record carries the job, pod, rank and world version from
 :data:`context`, plus whatever ``extra={...}`` the call adds.
+
+Why not a JSON-logging library (python-json-logger, structlog): the formatter
+is twenty lines of the standard library, the trainer image would gain a
+dependency for it, and the tests and the benchmarks parse these lines, so
+their shape is a contract this module keeps.
 """
 
 from __future__ import annotations

@@ -2,6 +2,12 @@
 
 The catalogue is fixed by docs/contracts.md §4 (the Grafana dashboard, the
 alerts and the operator's straggler detector read these names).
+
+Why not ``prometheus_client.start_http_server``: a worker serves two more
+paths on the same port (/healthz for the kubelet, /progress for the operator's
+prober), and that server serves only /metrics. So one standard-library
+ThreadingHTTPServer serves all three, with prometheus_client's own
+``generate_latest`` for /metrics.
 """
 
 from __future__ import annotations

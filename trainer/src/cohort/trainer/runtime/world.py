@@ -7,6 +7,12 @@ The operator (or the local launcher) is the only authority on membership
   the pod's service-account token (RBAC lets it read that one object);
 - ``file:<path>``: polls a JSON file written by ``cohort run --local``;
 - no ``COHORT_WORLD``: a static world from torchrun's RANK/WORLD_SIZE/MASTER_*.
+
+Why a watch over the standard library's urllib, not the ``kubernetes``
+client: the worker makes exactly one kind of call (get and watch one
+ConfigMap), and the client would add its 126 MB package (measured in the
+venv) and its dependency tree to every trainer image for it (the import rule
+keeps it out of the trainer; tests/contract/test_import_rules.py).
 """
 
 from __future__ import annotations
