@@ -58,6 +58,19 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("memory-a-float", {"resources": {"requests": {"memory": 1.5}}}, "spec.resources.requests.memory"),
     ("typo-in-resources", {"resources": {"limit": {"cpu": 1}}}, "spec.resources.limit"),
     ("claim-without-name", {"resources": {"claims": [{"request": "gpu"}]}}, "spec.resources.claims[0].name"),
+    # podTemplate: a field the operator would not merge is refused, not silently dropped.
+    ("template-container-resources", {"podTemplate": {"spec": {"containers": [{"resources": {"limits": {"cpu": 1}}}]}}},
+     "spec.podTemplate.spec.containers[0].resources"),
+    ("template-node-selector", {"podTemplate": {"spec": {"nodeSelector": {"disk": "ssd"}}}},
+     "spec.podTemplate.spec.nodeSelector"),
+    ("template-sidecar", {"podTemplate": {"spec": {"containers": [{"name": "sidecar"}]}}},
+     "spec.podTemplate.spec.containers[0].name"),
+    ("template-two-containers", {"podTemplate": {"spec": {"containers": [{}, {}]}}},
+     "spec.podTemplate.spec.containers"),
+    ("template-root", {"podTemplate": {"spec": {"securityContext": {"runAsUser": 0}}}},
+     "spec.podTemplate.spec.securityContext.runAsUser"),
+    ("template-label-not-a-string", {"podTemplate": {"metadata": {"labels": {"team": 7}}}},
+     "spec.podTemplate.metadata.labels.team"),
 ]
 
 

@@ -247,6 +247,60 @@ class Resources:
     claims: list[ResourceClaim] = field([], doc="Dynamic resource claims the worker uses.")
 
 
+@dataclass
+class TemplateMetadata:
+    """Labels and annotations added to every worker pod (the job's own labels win)."""
+
+    labels: dict[str, str] = field({}, doc="Labels of every worker pod.")
+    annotations: dict[str, str] = field({}, doc="Annotations of every worker pod.")
+
+
+@dataclass
+class TemplateSecurity:
+    """The pod securityContext fields a worker may set; the rest of the restricted profile is fixed."""
+
+    run_as_user: Optional[int] = field(None, minimum=1, doc="UID of the trainer (never root).")
+    run_as_group: Optional[int] = field(None, minimum=0, doc="GID of the trainer (default: runAsUser).")
+    fs_group: Optional[int] = field(None, minimum=0, doc="Group that owns mounted volumes (default: runAsUser).")
+
+
+@dataclass
+class TemplateContainer:
+    """What the trainer container takes from the template (the contract's env and mounts win)."""
+
+    name: Literal["trainer"] = field("trainer", doc="The container is always named trainer.")
+    env: list[Any] = field([], free_form=True, doc="core/v1 EnvVars added to the contract's.")
+    volume_mounts: list[Any] = field([], free_form=True, doc="core/v1 VolumeMounts added to the contract's.")
+    image_pull_policy: Optional[Literal["Always", "IfNotPresent", "Never"]] = field(
+        None, doc="core/v1 imagePullPolicy of the trainer image.")
+
+
+@dataclass
+class TemplateSpec:
+    """The pod spec fields a worker may take from the template."""
+
+    __rules__ = (
+        Rule(cel="size(self.containers) <= 1", message="spec.podTemplate.spec.containers holds at most one "
+             "entry, the trainer (a worker runs one container)",
+             check=lambda t: len(t.containers) <= 1, field_path=".containers"),
+    )
+
+    service_account_name: str = field("", doc="ServiceAccount of the workers (default: one the operator creates).")
+    image_pull_secrets: list[Any] = field([], free_form=True, doc="core/v1 LocalObjectReferences for the image.")
+    volumes: list[Any] = field([], free_form=True, doc="core/v1 Volumes added to the pod (mount them with volumeMounts).")
+    security_context: TemplateSecurity = field(TemplateSecurity, doc="UID, GID and fsGroup of the trainer.")
+    containers: list[TemplateContainer] = field([], doc="At most one: the trainer container's additions.")
+
+
+@dataclass
+class PodTemplate:
+    """A PodTemplateSpec fragment merged into every worker. Only these fields are honoured, so any other
+    is refused at admission rather than silently dropped."""
+
+    metadata: TemplateMetadata = field(TemplateMetadata, doc="Labels and annotations.")
+    spec: TemplateSpec = field(TemplateSpec, doc="ServiceAccount, pull secrets, volumes, security context, env.")
+
+
 @dataclass(kw_only=True)
 class TrainingJobSpec:
     """TrainingJobSpec is the desired state of an elastic training job."""
@@ -289,10 +343,11 @@ class TrainingJobSpec:
     stragglers: Stragglers = field(Stragglers, doc="Straggler handling.")
     scheduling: Scheduling = field(Scheduling, doc="Pod placement.")
     run_policy: RunPolicy = field(RunPolicy, doc="Lifecycle policy.")
-    pod_template: dict[str, Any] = field(
-        {}, free_form=True,
+    pod_template: PodTemplate = field(
+        PodTemplate,
         doc="core/v1 PodTemplateSpec fragment merged into every worker: metadata labels/annotations, "
-            "env, volumes, volumeMounts, imagePullSecrets, serviceAccountName.")
+            "env, volumes, volumeMounts, imagePullSecrets, serviceAccountName, imagePullPolicy and "
+            "runAsUser/runAsGroup/fsGroup; any other field is refused.")
 
 
 # --- status ------------------------------------------------------------------

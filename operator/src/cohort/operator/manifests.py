@@ -123,7 +123,7 @@ def build_worker_rbac(job: dict[str, Any], spec: TrainingJobSpec) -> list[dict[s
     """
     name = job["metadata"]["name"]
     account = worker_account_name(name)
-    user_account = ((spec.pod_template or {}).get("spec") or {}).get("serviceAccountName") or ""
+    user_account = spec.pod_template.spec.service_account_name
     out: list[dict[str, Any]] = []
     if not user_account:
         out.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": object_meta(job, account, "worker")})

@@ -20,7 +20,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from cohort.api.models import TrainingJobSpec
+from cohort.api.models import TemplateContainer, TrainingJobSpec
 from cohort.api.schema import to_dict
 
 from .naming import (
@@ -122,16 +122,12 @@ def build_worker_pod(
     """
     meta = job["metadata"]
     name = meta["name"]
-    template = spec.pod_template or {}
-    t_meta = template.get("metadata") or {}
-    t_spec = template.get("spec") or {}
-    t_containers = t_spec.get("containers") or [{}]
-    t_container = t_containers[0] if t_containers else {}
+    t_meta, t_spec = spec.pod_template.metadata, spec.pod_template.spec
+    t_container = t_spec.containers[0] if t_spec.containers else TemplateContainer()
     gang = gang or {}
 
-    labels = {**(t_meta.get("labels") or {}), **(gang.get("labels") or {}), **worker_labels(name)}
-    annotations = {**(t_meta.get("annotations") or {}), **(gang.get("annotations") or {}),
-                   ANNOTATION_INDEX: str(index)}
+    labels = {**t_meta.labels, **(gang.get("labels") or {}), **worker_labels(name)}
+    annotations = {**t_meta.annotations, **(gang.get("annotations") or {}), ANNOTATION_INDEX: str(index)}
     if replaces:
         annotations[ANNOTATION_REPLACES] = replaces
 
@@ -144,15 +140,15 @@ def build_worker_pod(
     if ckpt:
         volumes.append(ckpt[0])
         mounts.append(ckpt[1])
-    volumes = _merge_named(volumes, t_spec.get("volumes") or [])
-    mounts = _merge_named(mounts, t_container.get("volumeMounts") or [])
+    volumes = _merge_named(volumes, t_spec.volumes)
+    mounts = _merge_named(mounts, t_container.volume_mounts)
 
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": spec.image or default_image,
         "command": ["cohort-train"],
         "args": ["--config", CONFIG_PATH],
-        "env": _merge_env(contract_env(name), t_container.get("env") or []),
+        "env": _merge_env(contract_env(name), t_container.env),
         "ports": [
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
             {"name": "rendezvous", "containerPort": RDZV_PORT, "protocol": "TCP"},
@@ -175,14 +171,14 @@ def build_worker_pod(
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
-    if t_container.get("imagePullPolicy"):
-        container["imagePullPolicy"] = t_container["imagePullPolicy"]
+    if t_container.image_pull_policy:
+        container["imagePullPolicy"] = t_container.image_pull_policy
 
-    t_security = t_spec.get("securityContext") or {}
-    uid = t_security.get("runAsUser", DEFAULT_UID)
+    t_security = t_spec.security_context
+    uid = t_security.run_as_user if t_security.run_as_user is not None else DEFAULT_UID
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
-        "serviceAccountName": t_spec.get("serviceAccountName") or worker_account_name(name),
+        "serviceAccountName": t_spec.service_account_name or worker_account_name(name),
         "enableServiceLinks": False,
         # The pause process is PID 1 and reaps zombies; the trainer is then not
         # PID 1, which the kernel shields from signals it has no handler for.
@@ -192,8 +188,8 @@ def build_worker_pod(
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": uid,
-            "runAsGroup": t_security.get("runAsGroup", uid),
-            "fsGroup": t_security.get("fsGroup", uid),
+            "runAsGroup": t_security.run_as_group if t_security.run_as_group is not None else uid,
+            "fsGroup": t_security.fs_group if t_security.fs_group is not None else uid,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
     }
@@ -209,8 +205,8 @@ def build_worker_pod(
     affinity = avoid_nodes(sched.affinity, avoid or [])
     if affinity:
         pod_spec["affinity"] = affinity
-    if t_spec.get("imagePullSecrets"):
-        pod_spec["imagePullSecrets"] = copy.deepcopy(t_spec["imagePullSecrets"])
+    if t_spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = copy.deepcopy(t_spec.image_pull_secrets)
     pod_spec.update(copy.deepcopy(dict(gang.get("spec") or {})))
 
     return {
