@@ -13,7 +13,7 @@ export PYTHONUNBUFFERED := 1
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
 
-venv:  ## create/refresh the cached virtualenv (torch, kopf, dev tools; both projects editable)
+venv:  ## create/refresh the cached virtualenv (torch, kopf, dev tools; api, operator and trainer editable)
 	@hack/venv.sh
 
 binaries:  ## build the pinned control-plane binaries into ~/.cache/cohort/bin (once)

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # A short check of the trainer on a machine with an NVIDIA GPU (not part of
 # make test; CI has no GPU). Uses the machine's own python3 with torch and
-# this checkout's trainer source. Prints what it saw; exits non-zero on failure.
+# this checkout's api and trainer source. Prints what it saw; exits non-zero on failure.
 #   hack/gpu-check.sh [OUTDIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-/tmp/cohort-gpu-check}
 mkdir -p "$out"
-export PYTHONPATH=$PWD/trainer/src PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD/api/src:$PWD/trainer/src PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), "nccl", torch.distributed.is_nccl_available())'
 python3 - <<'PY'
