@@ -70,6 +70,29 @@ def test_strategy_reaches_the_data_parallel_loss(tmp_path, reference, name):
     assert s["eval_loss"] == pytest.approx(reference["eval_loss"], rel=TOLERANCE), (s, reference)
 
 
+def clipped(m: dict) -> dict:
+    """SGD with a clip well under the gradient's norm: unlike Adam, SGD's step follows the clipped norm,
+    so a norm computed per shard (not over the whole model) moves the loss."""
+    m["spec"]["workload"]["optimizer"] = {"name": "sgd", "lr": 2.0, "momentum": 0.9, "lrScaling": "none",
+                                          "gradClipNorm": 0.1, "schedule": "cosine", "minLrRatio": 0.1}
+    return m
+
+
+@pytest.fixture(scope="module")
+def clipped_reference(tmp_path_factory) -> dict:
+    s = run_local(tmp_path_factory.mktemp("clip"), clipped(lm_manifest("ref", "data", dp=2)), workers=2)
+    assert s["step"] == STEPS and s["eval_loss"] < 3.5, s  # it learned (ln 64 = 4.16 at the start)
+    return s
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_clipping_by_the_global_norm_matches_data_parallel(tmp_path, clipped_reference, name):
+    workers, kwargs, plan = CASES[name]
+    s = run_local(tmp_path, clipped(lm_manifest(name, **kwargs)), workers=workers)
+    assert s["step"] == STEPS and s["plan"] == plan, s
+    assert s["eval_loss"] == pytest.approx(clipped_reference["eval_loss"], rel=TOLERANCE), (s, clipped_reference)
+
+
 def test_auto_runs_the_planners_choice(tmp_path, reference):
     # 2.5 MiB per device rules out the replicated plans of this model (about 3.0 MiB with AdamW and the
     # activations), so the planner has to pick a sharded one; the job must say which and train like DDP.

@@ -79,6 +79,15 @@ class Optimizer:
     momentum: float = field(0.9, minimum=0, maximum=1, doc="SGD momentum (ignored by adamw).")
     weight_decay: float = field(0.0, minimum=0, doc="Decoupled weight decay.")
     warmup_steps: int = field(0, minimum=0, doc="Linear learning-rate warmup, in steps.")
+    schedule: Literal["constant", "linear", "cosine"] = field(
+        "constant", doc="Decay of lr after warmup, down to minLrRatio x lr at the end of the run: over the steps "
+                        "after warmup when maxSteps is set, else over the fraction of the epochs done (the world "
+                        "size may change, so the number of steps is not known in advance).")
+    min_lr_ratio: float = field(0.0, minimum=0, maximum=1, doc="lr at the end of a linear or cosine decay, "
+                                                               "as a fraction of lr.")
+    grad_clip_norm: float = field(0.0, minimum=0, doc="Clip the gradient's global L2 norm to this (0: off). The "
+                                                      "norm is over the whole model: every FSDP, tensor and "
+                                                      "pipeline shard counts once.")
     lr_scaling: Literal["none", "linear", "sqrt"] = field(
         "linear", doc="How lr scales with the data-parallel world size relative to replicas.target.")
 

@@ -61,17 +61,31 @@ def build_optimizer(params: Any, opt: Any) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay)
 
 
-def lr_at(step: int, dp_size: float, spec: TrainingJobSpec) -> float:
-    """Base lr scaled for the data-parallel size (relative to replicas.target), with linear warmup.
+def lr_at(step: int, dp_size: float, spec: TrainingJobSpec, epochs_done: float = 0.0) -> float:
+    """Base lr scaled for the data-parallel size (relative to replicas.target), with linear warmup and
+    the schedule's decay.
 
     ``dp_size`` is the global batch in units of ``batchSize``: the dp size, unless the plan (auto) keeps
-    the global batch of data parallelism with fewer, larger dp ranks.
+    the global batch of data parallelism with fewer, larger dp ranks. ``epochs_done`` (fractional) measures
+    an epoch-based run's progress, since its number of steps depends on the world sizes it will have.
     """
-    opt = spec.workload.optimizer
+    w = spec.workload
+    opt = w.optimizer
     ratio = dp_size / max(spec.replicas.target, 1)
     scale = {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[opt.lr_scaling]
     warm = min(1.0, (step + 1) / opt.warmup_steps) if opt.warmup_steps > 0 else 1.0
-    return opt.lr * scale * warm
+    if w.max_steps > 0:
+        progress = (step - opt.warmup_steps) / max(w.max_steps - opt.warmup_steps, 1)
+    else:
+        progress = epochs_done / max(w.epochs, 1)
+    return opt.lr * scale * warm * decay(opt.schedule, opt.min_lr_ratio, progress)
+
+
+def decay(schedule: str, floor: float, progress: float) -> float:
+    """The schedule's factor at ``progress`` (0: warmup just ended, 1: the end of the run), from 1 to ``floor``."""
+    p = min(max(progress, 0.0), 1.0)
+    shape = {"constant": 1.0, "linear": 1.0 - p, "cosine": 0.5 * (1.0 + math.cos(math.pi * p))}[schedule]
+    return floor + (1.0 - floor) * shape if schedule != "constant" else 1.0
 
 
 class Trainer:
@@ -296,7 +310,8 @@ class Trainer:
         idx = self.sampler.indices(self.plan.dp_rank, size)
         x, y = data.train_x[idx], data.train_y[idx]
         for group in self.optimizer.param_groups:
-            group["lr"] = lr_at(step, self.sampler.global_batch(size) / self.spec.workload.batch_size, self.spec)
+            group["lr"] = lr_at(step, self.sampler.global_batch(size) / self.spec.workload.batch_size, self.spec,
+                                self.sampler.epoch + self.sampler.offset / max(self.sampler.num_samples, 1))
         self.optimizer.zero_grad(set_to_none=True)
         autocast = torch.autocast("cpu", dtype=torch.bfloat16) if self.spec.workload.precision == "bf16" \
             else nullcontext()
@@ -306,6 +321,8 @@ class Trainer:
         exposed = t_bwd - self.stats.last_hook_time if self.stats.last_hook_time > hook_mark else 0.0
         compute = (t_bwd - t0) - exposed
         compute += self.faults.delay(compute)
+        if self.spec.workload.optimizer.grad_clip_norm > 0:
+            self.plan.clip_grad_norm(self.spec.workload.optimizer.grad_clip_norm)
         self.ckpt.before_update()  # a checkpoint still being staged must not see this update
         self.optimizer.step()
         t_opt = time.perf_counter()

@@ -138,6 +138,9 @@ class AutoPlan(Plan):
                          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
         return self.inner.forward_backward(x, y, loss_fn)
 
+    def clip_grad_norm(self, max_norm: float) -> float:
+        return self.inner.clip_grad_norm(max_norm)
+
     def after_step(self, step: int) -> None:
         self.inner.after_step(step)
 

@@ -24,6 +24,7 @@ from torch import nn
 from cohort.api.models import TrainingJobSpec
 
 from ..sync.base import CommStats
+from .clip import clip_grad_norm
 
 
 @dataclass
@@ -72,6 +73,11 @@ class Plan(ABC):
         loss = loss_fn(self.module(x), y)
         loss.backward()
         return loss.detach()
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Clip the gradients' global L2 norm (optimizer.gradClipNorm); returns the norm before clipping."""
+        assert self.module is not None
+        return clip_grad_norm(self.module.parameters(), max_norm)
 
     def after_step(self, step: int) -> None:  # noqa: B027 - optional
         """After the optimizer step (gossip and local SGD average parameters here)."""

@@ -15,11 +15,13 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from cohort.api.models import TrainingJobSpec
 
 from ..planner.dims import ParallelDims
 from .base import Plan, PlanContext
+from .clip import clip_grad_norm
 from .dims import ParallelismError
 from .mesh import build_mesh
 from .parallelize import Parallelized, parallelize
@@ -48,6 +50,7 @@ class MeshPlan(Plan):
         self.pp_rank, rest = divmod(ctx.rank, dims.dp * dims.tp)
         self._dp_rank, self.tp_rank = divmod(rest, dims.tp)
         self.parts: Parallelized | None = None
+        self.mesh: DeviceMesh | None = None
 
     @property
     def dp_rank(self) -> int:
@@ -63,7 +66,7 @@ class MeshPlan(Plan):
 
     def apply(self, model: nn.Module) -> nn.Module:
         check_dims(self.dims, model, self.batch_size)
-        mesh = build_mesh(self.dims)
+        mesh = self.mesh = build_mesh(self.dims)
         assert mesh.get_local_rank("dp") == self._dp_rank and mesh.get_local_rank("pp") == self.pp_rank
         self.parts = parallelize(model, self.dims, mesh)
         self.module = self.parts.module
@@ -76,6 +79,11 @@ class MeshPlan(Plan):
         if self.parts.pipeline is not None:
             return self.parts.pipeline.train_step(x, y, loss_fn)
         return super().forward_backward(x, y, loss_fn)
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        assert self.parts is not None and self.mesh is not None
+        stages = self.mesh["pp"].get_group() if self.dims.pp > 1 else None
+        return clip_grad_norm(self.parts.module.parameters(), max_norm, stages)
 
     def eval_outputs(self, inputs: torch.Tensor, batch: int = 256) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         assert self.parts is not None
