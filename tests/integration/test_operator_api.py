@@ -58,6 +58,10 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("memory-a-float", {"resources": {"requests": {"memory": 1.5}}}, "spec.resources.requests.memory"),
     ("typo-in-resources", {"resources": {"limit": {"cpu": 1}}}, "spec.resources.limit"),
     ("claim-without-name", {"resources": {"claims": [{"request": "gpu"}]}}, "spec.resources.claims[0].name"),
+    ("global-batch-with-fsdp", {"workload": {"globalBatchSize": 64}, "parallelism": {"strategy": "fsdp"}},
+     "spec.workload.globalBatchSize"),
+    ("global-batch-below-max", {"workload": {"globalBatchSize": 4}, "replicas": {"max": 8}},
+     "spec.workload.globalBatchSize"),
     # podTemplate: a field the operator would not merge is refused, not silently dropped.
     ("template-container-resources", {"podTemplate": {"spec": {"containers": [{"resources": {"limits": {"cpu": 1}}}]}}},
      "spec.podTemplate.spec.containers[0].resources"),

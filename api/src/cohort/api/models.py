@@ -112,7 +112,14 @@ class Workload:
     dataset_args: dict[str, Any] = field({}, free_form=True, doc="Free-form arguments for the dataset.")
     epochs: int = field(10, minimum=0, doc="Passes over the training set (0 when maxSteps sets the length).")
     max_steps: int = field(0, minimum=0, doc="Stop after this many optimizer steps (0: use epochs).")
-    batch_size: int = field(64, minimum=1, doc="Samples per data-parallel rank per step.")
+    batch_size: int = field(64, minimum=1, doc="Samples per data-parallel rank per step; with globalBatchSize, "
+                                               "the largest micro-batch a rank runs at once.")
+    global_batch_size: int = field(
+        0, minimum=0,
+        doc="Samples per optimizer step over all ranks, whatever the world size (0: batchSize x data-parallel "
+            "ranks). When the world shrinks, each rank accumulates gradients over more micro-batches, so the "
+            "optimisation does not depend on how many pods are alive; communication runs once per step. "
+            "Strategy data only; lrScaling then counts globalBatchSize / batchSize ranks.")
     optimizer: Optimizer = field(Optimizer, doc="Optimizer settings.")
     seed: int = field(0, minimum=0, doc="Seed for parameters, data order and every random choice.")
     precision: Literal["fp32", "bf16"] = field("fp32", doc="bf16 runs forward/backward under autocast.")
@@ -334,6 +341,14 @@ class TrainingJobSpec:
                      "(compression hooks act on whole-replica gradients)",
              check=lambda s: s.compression.method == "none" or s.parallelism.strategy in ("data", "auto"),
              field_path=".compression.method"),
+        Rule(cel="self.workload.globalBatchSize == 0 || self.parallelism.strategy == 'data'",
+             message="spec.workload.globalBatchSize needs spec.parallelism.strategy data",
+             check=lambda s: s.workload.global_batch_size == 0 or s.parallelism.strategy == "data",
+             field_path=".workload.globalBatchSize"),
+        Rule(cel="self.workload.globalBatchSize == 0 || self.workload.globalBatchSize >= self.replicas.max",
+             message="spec.workload.globalBatchSize must be at least spec.replicas.max (a sample per rank)",
+             check=lambda s: s.workload.global_batch_size == 0 or s.workload.global_batch_size >= s.replicas.max,
+             field_path=".workload.globalBatchSize"),
         Rule(cel="self.sync.algorithm == 'allreduce' || self.parallelism.strategy == 'data'",
              message="spec.sync.algorithm gossip/localsgd needs spec.parallelism.strategy data",
              check=lambda s: s.sync.algorithm == "allreduce" or s.parallelism.strategy == "data",

@@ -1,8 +1,9 @@
 """An elastic, exactly resumable data order.
 
 Each epoch has one global permutation (seeded by ``seed`` and the epoch). A
-step consumes the next ``batch_size x world_size`` indices of it and rank r
-takes its ``r``-th slice. The position is a single global offset, so it stays
+step consumes the next global batch of it (``batch_size x world_size``, or the
+fixed ``global_batch_size``) and rank r takes its ``r``-th contiguous share
+(shares differ by at most one sample when the world does not divide it). The position is a single global offset, so it stays
 exact when the world size changes mid-epoch or a job resumes from a
 checkpoint at another size.
 """
@@ -15,9 +16,10 @@ import torch
 
 
 class ElasticSampler:
-    def __init__(self, num_samples: int, batch_size: int, seed: int):
+    def __init__(self, num_samples: int, batch_size: int, seed: int, global_batch_size: int = 0):
         self.num_samples = num_samples
         self.batch_size = batch_size
+        self.global_batch_size = global_batch_size  # 0: batch_size x world_size
         self.seed = seed
         self.epoch = 0
         self.offset = 0  # global samples consumed in this epoch
@@ -30,7 +32,7 @@ class ElasticSampler:
         return self._perm[1]
 
     def global_batch(self, world_size: int) -> int:
-        return self.batch_size * world_size
+        return self.global_batch_size or self.batch_size * world_size
 
     def epoch_done(self, world_size: int) -> bool:
         """True when fewer than one full global batch remains (the tail is dropped)."""
@@ -40,8 +42,14 @@ class ElasticSampler:
         return max(0, (self.num_samples - self.offset) // self.global_batch(world_size))
 
     def indices(self, rank: int, world_size: int) -> torch.Tensor:
-        start = self.offset + rank * self.batch_size
-        return self._permutation()[start:start + self.batch_size]
+        g = self.global_batch(world_size)
+        start, end = self.offset + g * rank // world_size, self.offset + g * (rank + 1) // world_size
+        return self._permutation()[start:end]
+
+    def micro_batches(self, world_size: int) -> int:
+        """How many micro-batches of at most ``batch_size`` every rank runs per step (the largest share's)."""
+        largest_share = -(-self.global_batch(world_size) // world_size)  # ceiling division
+        return -(-largest_share // self.batch_size)
 
     def advance(self, world_size: int) -> None:
         self.offset += self.global_batch(world_size)

@@ -113,7 +113,8 @@ class Trainer:
         self.sharded_model = False  # the model holds one world's shards (set by _enter_sharded)
         self.optimizer = build_optimizer(self.model.parameters(), self.spec.workload.optimizer)
         data = self.workload.data
-        self.sampler = ElasticSampler(len(data.train_x), self.spec.workload.batch_size, self.spec.workload.seed)
+        self.sampler = ElasticSampler(len(data.train_x), self.spec.workload.batch_size, self.spec.workload.seed,
+                                      self.spec.workload.global_batch_size)
         self.state = TrainState(self.model, self.optimizer, self.sampler)
         ck_root = self.spec.checkpoint.path.rstrip("/") + "/" + cfg.name
         self.ckpt = Checkpointer(map_path(ck_root), self.spec.checkpoint.keep, self.spec.checkpoint.async_,
@@ -308,7 +309,6 @@ class Trainer:
         t0 = time.perf_counter()
         hook_mark = self.stats.last_hook_time
         idx = self.sampler.indices(self.plan.dp_rank, size)
-        x, y = data.train_x[idx], data.train_y[idx]
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(step, self.sampler.global_batch(size) / self.spec.workload.batch_size, self.spec,
                                 self.sampler.epoch + self.sampler.offset / max(self.sampler.num_samples, 1))
@@ -316,7 +316,7 @@ class Trainer:
         autocast = torch.autocast("cpu", dtype=torch.bfloat16) if self.spec.workload.precision == "bf16" \
             else nullcontext()
         with autocast:
-            loss = self.plan.forward_backward(x, y, self.workload.loss_fn)
+            loss = self._forward_backward(data, idx, size)
         t_bwd = time.perf_counter()
         exposed = t_bwd - self.stats.last_hook_time if self.stats.last_hook_time > hook_mark else 0.0
         compute = (t_bwd - t0) - exposed
@@ -334,6 +334,25 @@ class Trainer:
         self.state.step = step + 1
         self.state.has_state = True
         self._record_step(t_end - t0, compute, comm, float(loss), size)
+
+    def _forward_backward(self, data: Any, idx: torch.Tensor, size: int) -> torch.Tensor:
+        """This rank's share of the step, in as many micro-batches as the largest share needs (one, unless
+        workload.globalBatchSize asks for more samples than batchSize x ranks). Each micro-batch's loss is
+        weighted by its samples x dp / globalBatch, so DDP's mean over ranks is the mean over the global
+        batch; only the last backward communicates."""
+        assert self.plan is not None
+        chunks = [c for c in torch.tensor_split(idx, self.sampler.micro_batches(size)) if len(c)]
+        if len(chunks) == 1 and len(idx) * size == self.sampler.global_batch(size):
+            return self.plan.forward_backward(data.train_x[idx], data.train_y[idx], self.workload.loss_fn)
+        total = float(self.sampler.global_batch(size))
+        loss = torch.zeros(())
+        for i, c in enumerate(chunks):
+            scale = len(c) * size / total
+            sync = self.plan.accumulating() if i < len(chunks) - 1 else nullcontext()
+            with sync:
+                part = self.plan.forward_backward(data.train_x[c], data.train_y[c], self.workload.loss_fn, scale)
+            loss += part * len(c) / len(idx)
+        return loss
 
     def _record_step(self, wall: float, compute: float, comm: float, loss: float, size: int) -> None:
         m = self.metrics

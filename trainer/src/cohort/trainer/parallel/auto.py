@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any, cast
 
 import torch
@@ -135,8 +136,12 @@ class AutoPlan(Plan):
         return self.module
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor,
-                         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        return self.inner.forward_backward(x, y, loss_fn)
+                         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                         scale: float = 1.0) -> torch.Tensor:
+        return self.inner.forward_backward(x, y, loss_fn, scale)
+
+    def accumulating(self) -> AbstractContextManager[Any]:
+        return self.inner.accumulating()
 
     def clip_grad_norm(self, max_norm: float) -> float:
         return self.inner.clip_grad_norm(max_norm)

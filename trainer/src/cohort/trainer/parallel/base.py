@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,11 +69,19 @@ class Plan(ABC):
         """Parallelize ``model`` for this world; returns the module to train."""
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor,
-                         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+                         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                         scale: float = 1.0) -> torch.Tensor:
+        """One micro-batch: forward, and backward of the loss times ``scale``; returns the unscaled loss."""
         assert self.module is not None
         loss = loss_fn(self.module(x), y)
-        loss.backward()
+        (loss * scale if scale != 1.0 else loss).backward()
         return loss.detach()
+
+    def accumulating(self) -> AbstractContextManager[Any]:
+        """Backward passes inside accumulate gradients without communicating (DDP's ``no_sync``): every
+        micro-batch of a step but the last runs here, so hooks and compressors fire once per step."""
+        no_sync = getattr(self.module, "no_sync", None)
+        return no_sync() if callable(no_sync) else nullcontext()
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """Clip the gradients' global L2 norm (optimizer.gradClipNorm); returns the norm before clipping."""

@@ -74,8 +74,10 @@ class MeshPlan(Plan):
         return self.module
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor,
-                         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+                         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                         scale: float = 1.0) -> torch.Tensor:
         assert self.parts is not None
+        assert scale == 1.0, "globalBatchSize is for strategy data (admission refuses it here)"
         if self.parts.pipeline is not None:
             return self.parts.pipeline.train_step(x, y, loss_fn)
         return super().forward_backward(x, y, loss_fn)
