@@ -77,6 +77,7 @@ def _bytes_worker(rank: int, world: int, port: int, pairs: list[tuple[str, str]]
     import torch.nn.functional as F
 
     from cohort.api.jobconfig import from_manifest
+    from cohort.trainer.runtime.process_group import exit_process
     from cohort.trainer.sync.base import CommStats, SyncContext
     from cohort.trainer.sync.localsgd import LocalSGDConfig, LocalSGDSync
     from cohort.trainer.sync.registry import SYNCS
@@ -115,6 +116,7 @@ def _bytes_worker(rank: int, world: int, port: int, pairs: list[tuple[str, str]]
     dist.destroy_process_group()
     if rank == 0:
         Path(out).write_text(json.dumps(rows))
+    exit_process(0)
 
 
 def measure_bytes(world: int, pairs: list[tuple[str, str]]) -> dict[str, dict[str, float]]:

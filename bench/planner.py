@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
-import os
 import statistics
 import sys
 import time
@@ -51,6 +50,7 @@ def _step_worker(rank: int, world: int, port: int, args: argparse.Namespace, pla
     from cohort.trainer.parallel.base import PlanContext
     from cohort.trainer.parallel.data import DataParallel
     from cohort.trainer.parallel.sharded import MeshPlan
+    from cohort.trainer.runtime.process_group import exit_process
     from cohort.trainer.sync.base import CommStats
     from cohort.trainer.workloads.workload import build_workload
 
@@ -89,7 +89,7 @@ def _step_worker(rank: int, world: int, port: int, args: argparse.Namespace, pla
     if rank == 0:
         out.put([statistics.median(t) for t in times])
     dist.destroy_process_group()
-    os._exit(0)  # skip interpreter teardown: the TCPStore's native threads can hold it for seconds
+    exit_process(0)
 
 
 def measure_plans(args: argparse.Namespace, plans: list) -> list[float]:

@@ -31,6 +31,7 @@ def bare_worker(rank: int, world: int, port: int, args: argparse.Namespace, out:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    from cohort.trainer.runtime.process_group import exit_process
     from cohort.trainer.workloads.datasets import synthetic_classification
     from cohort.trainer.workloads.models import MLP
 
@@ -60,7 +61,7 @@ def bare_worker(rank: int, world: int, port: int, args: argparse.Namespace, out:
     if rank == 0:
         Path(out).write_text(json.dumps(times))
     dist.barrier()
-    os._exit(0)  # skip interpreter teardown of the store (as cohort-train does)
+    exit_process(0)
 
 
 def run_bare(args: argparse.Namespace, tmp: Path) -> float:

@@ -23,6 +23,7 @@ import torch.multiprocessing as mp
 from tests.support.specs import WORKLOAD
 
 from cohort.api.jobconfig import from_manifest
+from cohort.trainer.runtime.process_group import exit_process
 
 
 def free_port() -> int:
@@ -50,6 +51,7 @@ def _entry(rank: int, fn: Callable[..., Any], world: int, port: int, out: str, a
     finally:
         dist.destroy_process_group()
     torch.save(result, Path(out) / f"{rank}.pt")
+    exit_process(0)
 
 
 def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 180) -> list[Any]:

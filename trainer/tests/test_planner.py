@@ -276,13 +276,13 @@ def test_cohort_plan_refuses_bad_input(tmp_path):
 # --- the tp collective counts the step-time model assumes, counted on a real TP model ---------------------
 def _count_worker(rank: int, port: int, out) -> None:
     import datetime
-    import os
 
     import torch.distributed as dist
     from torch.distributed.tensor.debug import CommDebugMode
 
     from cohort.trainer.parallel.mesh import build_mesh
     from cohort.trainer.parallel.tensor import apply_tp
+    from cohort.trainer.runtime.process_group import exit_process
     from cohort.trainer.workloads.workload import cross_entropy
 
     torch.set_num_threads(1)
@@ -300,7 +300,7 @@ def _count_worker(rank: int, port: int, out) -> None:
         out.put(({str(k): v for k, v in fwd.get_comm_counts().items()},
                  {str(k): v for k, v in bwd.get_comm_counts().items()}))
     dist.destroy_process_group()
-    os._exit(0)
+    exit_process(0)
 
 
 @pytest.mark.dist

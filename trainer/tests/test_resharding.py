@@ -9,7 +9,6 @@ state tensor, gathered to full tensors on both sides, must be bitwise equal.
 from __future__ import annotations
 
 import datetime
-import os
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from cohort.trainer.calibrate import free_port
 from cohort.trainer.planner.dims import ParallelDims
+from cohort.trainer.runtime.process_group import exit_process
 
 pytestmark = [pytest.mark.dist]
 
@@ -74,7 +74,7 @@ def _worker(rank: int, world: int, port: int, dims: ParallelDims, root: str, mod
     torch.save({"model": model_sd, "optim": optim_sd["state"]}, Path(root) / f"{mode}-{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
-    os._exit(0)  # skip interpreter teardown: the TCPStore's native threads can hold it for seconds
+    exit_process(0)
 
 
 def _run(dims: ParallelDims, root: Path, mode: str) -> dict:

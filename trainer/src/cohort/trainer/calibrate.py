@@ -31,6 +31,7 @@ import torch.multiprocessing as mp
 
 from .planner.collectives import fit, fit_all
 from .planner.hardware import DEFAULT_CALIBRATION, Hardware, save_hardware
+from .runtime.process_group import exit_process
 
 SIZES = tuple(4 ** k * 1024 for k in range(0, 7))  # 1 KiB .. 4 MiB, then 16 MiB below
 MATMUL = (256, 256, 1024)                           # tokens x dim @ dim x ffn: a block's biggest matmul
@@ -88,7 +89,7 @@ def _allreduce_worker(rank: int, world: int, p: int, port: int, sizes: Sequence[
     if rank == 0:
         out.put(results)
     dist.destroy_process_group()
-    os._exit(0)  # skip interpreter teardown: the TCPStore's native threads can hold it for seconds
+    exit_process(0)
 
 
 def measure_allreduce(p: int, world: int | None = None, sizes: Sequence[int] = (*SIZES, 16 * 2 ** 20),
@@ -145,7 +146,7 @@ def _sync_worker(rank: int, world: int, p: int, port: int, rounds: int, out: Any
     if rank == 0:
         out.put(statistics.median(penalties))
     dist.destroy_process_group()
-    os._exit(0)  # skip interpreter teardown: the TCPStore's native threads can hold it for seconds
+    exit_process(0)
 
 
 def measure_sync(p: int, world: int, rounds: int = 40) -> float:
@@ -226,7 +227,7 @@ def _overhead_worker(rank: int, port: int, out: Any) -> None:
     out.put({"block_table": tuple(table), "layer_overhead_s": max(plain, 0.0), "tp_layer_overhead_s": max(tp, 0.0),
              "fsdp_unit_overhead_s": max(fsdp_unit, 0.0), "microbatch_overhead_s": max(per_microbatch, 0.0)})
     dist.destroy_process_group()
-    os._exit(0)  # skip interpreter teardown: the TCPStore's native threads can hold it for seconds
+    exit_process(0)
 
 
 def measure_overheads() -> dict[str, float]:
@@ -267,7 +268,7 @@ def _mesh_overhead_worker(rank: int, world: int, port: int, out: Any) -> None:
     if rank == 0:
         out.put(times.tolist())
     dist.destroy_process_group()
-    os._exit(0)  # skip interpreter teardown: the TCPStore's native threads can hold it for seconds
+    exit_process(0)
 
 
 def measure_mesh_overheads(world: int) -> tuple[float, float]:

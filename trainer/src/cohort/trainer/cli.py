@@ -30,7 +30,6 @@ def _user_errors() -> tuple[type[Exception], ...]:
 def cmd_train(args: argparse.Namespace) -> int:
     import faulthandler
     import logging
-    import os
     import signal
 
     from . import log
@@ -57,12 +56,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         trainer.ckpt.wait()
         logging.getLogger("cohort.trainer").info("stopped by SIGTERM", extra={"step": trainer.state.step})
         rc = 143
-    # The checkpoint is committed and the summary written. Exit without interpreter
-    # finalisation: the rendezvous store's native server thread can block it.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
+    # The checkpoint is committed and the summary written: exit without interpreter
+    # finalisation (exit_process says why).
+    from .runtime.process_group import exit_process
+
+    exit_process(rc)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -10,11 +10,13 @@ attempt instead of blocking until the timeout.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -131,3 +133,27 @@ class Rendezvous:
 
 def pod_ip() -> str:
     return os.environ.get("COHORT_POD_IP") or "127.0.0.1"
+
+
+def exit_process(rc: int = 0) -> NoReturn:
+    """End a process that used torch.distributed: flush logs and streams, then ``os._exit``.
+
+    A normal exit (interpreter finalisation) is unsafe once a process group
+    has run, because of two native threads:
+
+    - the rendezvous TCPStore's server thread can block finalisation for seconds;
+    - a gloo worker thread drops its reference to a finished collective only
+      after the caller's ``wait()`` has returned. When that is the last
+      reference and the interpreter is already finalising, releasing the
+      tensors' Python objects needs the GIL, Python ends the thread with
+      ``pthread_exit``, and the forced unwind through a ``noexcept`` destructor
+      calls ``std::terminate``: the process dies with SIGABRT ("terminate called
+      without an active exception") after its work is done. A core dump shows
+      the thread in ``ProcessGroupGloo::runLoop`` ->
+      ``~AsyncAllgatherWork`` -> ``gil_scoped_acquire`` -> ``PyThread_exit_thread``
+      while the main thread is in ``Py_FinalizeEx`` (torch 2.13, Python 3.11).
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
