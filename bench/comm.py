@@ -321,6 +321,8 @@ def bytes_table(pairs: list[tuple[str, str]], worlds: list[int]) -> None:
             wire = measured[w][f"{sync}:{method}"]["wire"]
             cells += [f"{wire:,.0f}", fmt(dense[w] / wire if wire else None, ".1f") + "x"]
         print(f"| {sync} {method} | {per_vector:,.0f} | {fmt(ratio, '.1f')}x | " + " | ".join(cells) + " |")
+    if not {"allreduce:topk", "allreduce:signsgd"} <= set(measured[worlds[0]]):
+        return  # --pairs left out a pair the targets are stated for
     topk, sign = measured[worlds[0]]["allreduce:topk"], measured[worlds[0]]["allreduce:signsgd"]
     print(f"\nTargets: topk(1%) payload ratio {topk['dense'] / topk['payload']:.1f}x (>= 40x: "
           f"{'met' if topk['dense'] / topk['payload'] >= 40 else 'MISSED'}); signsgd "

@@ -186,6 +186,9 @@ class Compression:
     ratio: float = field(0.01, minimum=0, exclusive_minimum=True, maximum=1,
                          doc="Fraction of entries kept by topk and randomk.")
     levels: int = field(256, minimum=2, doc="Quantisation levels for qsgd.")
+    chunk_size: int = field(512, minimum=1, doc="Elements that share one scale in qsgd and terngrad (QSGD's bucket "
+                            "size d): the error is bounded per chunk, whatever else shares the DDP bucket. "
+                            "Each chunk's fp32 scale travels (4 bytes).")
     rank: int = field(2, minimum=1, doc="PowerSGD approximation rank.")
     error_feedback: bool = field(True, doc="Carry the compression residual into the next step (biased compressors).")
 
