@@ -120,6 +120,32 @@ def test_ddp_hook_averages_gradients(hook_results, method):
         torch.testing.assert_close(got, ranks[0]["expected"], atol=1e-6, rtol=0)
 
 
+def test_powersgd_is_a_rank_r_projection_of_the_true_mean(hook_results):
+    """At its first compressed step (no error fed back yet), PowerSGD (Vogels et al. 2019,
+    Alg. 1) returns, for each weight matrix M (the true mean over ranks), P P^T M with P
+    orthonormal of rank r = 2: so the result has rank <= 2, is an orthogonal projection
+    (||M - out||^2 + ||out||^2 = ||M||^2), is no better than the best rank-2 approximation
+    (Eckart-Young), and (one power iteration from a random start) keeps at least 70 % of the
+    energy that best approximation keeps (measured: 79 % for fc1, 95 % for fc2). Biases travel uncompressed: exact means."""
+    r0 = hook_results[0]["powersgd"]
+    mean, got = r0["all_local"].mean(0).double(), r0["hook"].double()
+    offset = 0
+    for p in MLP(INFO).parameters():
+        m_true, out = (v[offset:offset + p.numel()].view(p.shape[0], -1) for v in (mean, got))
+        offset += p.numel()
+        energy = float(m_true.pow(2).sum())
+        if p.dim() == 1:
+            torch.testing.assert_close(out, m_true, atol=1e-6 * float(m_true.abs().max()), rtol=0)
+            continue
+        s = torch.linalg.svdvals(out)
+        assert float(s[2:].max()) <= 1e-4 * float(s[0]), s[:4]
+        err = float((m_true - out).pow(2).sum())
+        assert err + float(out.pow(2).sum()) == pytest.approx(energy, rel=1e-4)
+        best = torch.linalg.svdvals(m_true).pow(2)
+        assert err >= float(best[2:].sum()) * (1 - 1e-4)
+        assert float(out.pow(2).sum()) >= 0.7 * float(best[:2].sum()), (float(out.pow(2).sum()), best[:2])
+
+
 @pytest.mark.parametrize("method", HOOK_METHODS)
 def test_ddp_hook_counts_bytes_for_the_collective_used(hook_results, method):
     world, n = 4, N_PARAMS

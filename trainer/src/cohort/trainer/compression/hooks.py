@@ -76,11 +76,10 @@ def cast_wrapper(hook: Hook, dtype: torch.dtype) -> Hook:
 
 # --- PowerSGD -------------------------------------------------------------------
 
-def powersgd_hook(ctx: SyncContext) -> tuple[powerSGD_hook.PowerSGDState, Hook]:
-    c = ctx.spec.compression
+def powersgd_hook(ctx: SyncContext, rank: int, error_feedback: bool) -> tuple[powerSGD_hook.PowerSGDState, Hook]:
     state = powerSGD_hook.PowerSGDState(
-        process_group=ctx.group, matrix_approximation_rank=c.rank, start_powerSGD_iter=POWERSGD_START_ITER,
-        use_error_feedback=c.error_feedback, warm_start=True, random_seed=ctx.spec.workload.seed)
+        process_group=ctx.group, matrix_approximation_rank=rank, start_powerSGD_iter=POWERSGD_START_ITER,
+        use_error_feedback=error_feedback, warm_start=True, random_seed=ctx.spec.workload.seed)
 
     def run(state: powerSGD_hook.PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         _record_powersgd(ctx, state, bucket)

@@ -20,6 +20,8 @@ from .hooks import Hook, powersgd_hook
 class PowerSGDConfig:
     rank: int = 2
     """The approximation rank (compression.rank)."""
+    error_feedback: bool = True
+    """Carry each rank's approximation error into its next step (compression.errorFeedback)."""
 
 
 class PowerSGD(Method):
@@ -27,4 +29,4 @@ class PowerSGD(Method):
     Config = PowerSGDConfig
 
     def ddp_hook(self, ctx: SyncContext) -> tuple[Any, Hook] | None:
-        return powersgd_hook(ctx)
+        return powersgd_hook(ctx, self.config.rank, self.config.error_feedback)
