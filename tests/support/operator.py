@@ -243,11 +243,16 @@ def _k8s_version() -> str:
     raise AssertionError("K8S_VERSION missing from hack/versions.env")
 
 
-def kubectl(cluster: Cluster, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+def kubectl(cluster: Cluster, *args: str, timeout_s: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run the pinned kubectl. A non-zero exit fails the test with kubectl's stderr,
+    unless ``check=False`` (for a test that asserts on the failure itself)."""
     cache = Path(os.environ.get("COHORT_CACHE", Path.home() / ".cache/cohort"))
     exe = str(cache / "bin" / f"kubernetes-{_k8s_version()}" / "kubectl")
     env = {**os.environ, "KUBECONFIG": cluster.kubeconfig}
-    return subprocess.run([exe, *args], capture_output=True, text=True, env=env, timeout=timeout_s)
+    out = subprocess.run([exe, *args], capture_output=True, text=True, env=env, timeout=timeout_s)
+    if check and out.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} exited {out.returncode}: {out.stderr.strip()}")
+    return out
 
 
 def sleep_s(seconds: float) -> None:

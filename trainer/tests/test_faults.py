@@ -18,7 +18,10 @@ def test_slow_fires_only_when_crossing_the_step():
     assert g.slowed
 
 
-def test_newcomer_and_replay_do_not_fire():
+def test_newcomer_and_replay_do_not_fire(monkeypatch):
+    """The kill is recorded, not performed: a regression fails this test instead of killing pytest."""
+    kills = []
+    monkeypatch.setattr("cohort.trainer.faults.die", lambda: kills.append("SIGKILL"))
     newcomer = Faults.from_env({"COHORT_FAULT_SLOW": "rank=1,step=10"})
     newcomer.before_step(rank=1, step=10)  # its first step is 10: it was not training before
     assert not newcomer.slowed
@@ -27,7 +30,11 @@ def test_newcomer_and_replay_do_not_fire():
         survivor.before_step(rank=3, step=step)
     survivor.before_step(rank=3, step=5)   # reached step 5 holding rank 3
     survivor.before_step(rank=2, step=5)   # the replay after a kill, now as rank 2: must not die
-    assert survivor.max_seen == 5
+    assert survivor.max_seen == 5 and kills == []
+    target = Faults.from_env({"COHORT_FAULT_KILL": "rank=2,step=5"})
+    for step in range(0, 7):
+        target.before_step(rank=2, step=step)
+    assert kills == ["SIGKILL"]  # the control: the process that crosses step 5 as rank 2 dies, once
 
 
 def test_oom_fault_parses_and_fires_once_at_its_step(monkeypatch):

@@ -123,7 +123,7 @@ def test_tensor_parallel_resumes_at_a_smaller_dp(tmp_path):
 
 
 @pytest.mark.slow
-def test_fsdp_recovers_in_place_when_a_worker_dies(tmp_path):
+def test_fsdp_survives_a_worker_death_by_reloading_the_newest_checkpoint(tmp_path):
     """A worker is killed at step 12: the survivor re-forms dp=1 and loads the step-10 checkpoint,
     the replacement joins (dp=2 again, from the newest checkpoint), and the job completes."""
     m = lm_manifest("elastic", "fsdp", dp=2, steps=30, every=5)

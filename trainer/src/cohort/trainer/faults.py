@@ -78,7 +78,7 @@ class Faults:
         if self.kill_rank == rank and step == self.kill_step and crossing(self.kill_step):
             log.warning("fault injection: SIGKILL self", extra={"step": step, "t": time.time()})
             logging.shutdown()
-            os.kill(os.getpid(), signal.SIGKILL)
+            die()
         if self.oom_rank == rank and step == self.oom_step and crossing(self.oom_step):
             log.warning("fault injection: allocating memory", extra={"step": step, "mb": self.oom_mb})
             logging.shutdown()
@@ -96,9 +96,14 @@ class Faults:
         return extra
 
 
+def die() -> None:
+    """SIGKILL this process (a module function, so unit tests can record it instead)."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def exhaust_memory(limit_mb: int, chunk_mb: int = 64) -> None:
     """Hold ever more touched memory until the kernel kills us; past ``limit_mb``, die anyway."""
     held = []
     for _ in range(max(limit_mb // chunk_mb, 1)):
         held.append(bytearray(chunk_mb << 20))  # zero-filled: every page is written
-    os.kill(os.getpid(), signal.SIGKILL)
+    die()
