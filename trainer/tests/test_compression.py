@@ -188,6 +188,27 @@ def test_topk_selects_the_k_largest_magnitudes():
     torch.testing.assert_close(decoded[list(expected)], x[list(expected)], rtol=0, atol=0)
 
 
+def test_per_tensor_topk_keeps_each_small_layers_share_where_bucket_topk_keeps_none():
+    """A bucket holding a 100,000-entry layer and, after it, a 1,000-entry layer whose entries
+    are 1000x smaller: top-1% over the bucket keeps none of the small layer's entries;
+    perTensor keeps ceil(1% of each), the largest of each, and the payload counts both."""
+    g = torch.Generator().manual_seed(8)
+    big, small = torch.randn(100_000, generator=g), 1e-3 * torch.randn(1000, generator=g)
+    x = torch.cat([big, small])
+    bucket = TopK(TopKConfig(ratio=0.01)).roundtrip(x, seed=0)[1]
+    assert int(bucket[100_000:].count_nonzero()) == 0
+    c = TopK(TopKConfig(ratio=0.01, per_tensor=True)).layout([100_000, 1000])
+    payload, decoded = c.roundtrip(x, seed=0)
+    assert payload.numel() == c.payload_nbytes(x.numel()) == 8 * (1000 + 10)
+    for part, k in ((slice(0, 100_000), 1000), (slice(100_000, None), 10)):
+        expected = set(torch.topk(x[part].abs(), k).indices.tolist())
+        assert set(decoded[part].nonzero().flatten().tolist()) == expected
+    assert torch.equal(decoded[decoded != 0], x[decoded != 0])
+    with pytest.raises(ValueError, match="layout"):
+        c.roundtrip(x[:-1], seed=0)
+    assert TopK(TopKConfig(ratio=0.01)).layout([100_000, 1000]).payload_nbytes(101_000) == 8 * 1010
+
+
 def test_signsgd_sends_one_bit_per_element_and_the_mean_magnitude():
     n = MLP_PARAMS
     c = ScaledSign()

@@ -95,6 +95,13 @@ def test_topk_selects_the_same_entries_with_the_same_signs_and_values():
         assert torch.equal(got, ref_topk(x, kept(N, ratio)))
 
 
+def test_per_tensor_topk_equals_the_reference_applied_to_each_tensor():
+    x, sizes = gradient(N, 6), [6000, 2500, 1000, 400, 100]
+    got = TopK(TopKConfig(ratio=0.01, per_tensor=True)).layout(sizes).roundtrip(x, SEED)[1]
+    want = torch.cat([ref_topk(part, kept(part.numel(), 0.01)) for part in x.split(sizes)])
+    assert torch.equal(got, want)
+
+
 def test_randomk_is_the_reference_unscaled_for_gossip_and_scaled_by_n_over_k_otherwise():
     x, ratio = gradient(N, 2), 0.05  # k = 500 exactly: GRACE's floor and Cohort's ceil agree
     k = kept(N, ratio)

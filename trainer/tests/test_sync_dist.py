@@ -146,6 +146,36 @@ def test_powersgd_is_a_rank_r_projection_of_the_true_mean(hook_results):
         assert float(out.pow(2).sum()) >= 0.7 * float(best[:2].sum()), (float(out.pow(2).sum()), best[:2])
 
 
+def _per_tensor_topk(rank: int, world: int) -> dict:
+    spec = job_spec(method="topk", perTensor=True, errorFeedback=False)
+    ctx = SyncContext(rank, world, spec, CommStats())
+    torch.manual_seed(0)
+    model, reference = MLP(INFO), MLP(INFO)
+    reference.load_state_dict(model.state_dict())
+    sync = AllreduceSync(ctx)
+    ddp = sync.wrap(model)
+    x, y = batch(rank, 0)
+    F.cross_entropy(ddp(x), y).backward()
+    F.cross_entropy(reference(x), y).backward()
+    return {"hook": flat_grad(model), "all_local": gather(flat_grad(reference), world),
+            "payload": ctx.stats.payload_bytes, "wire": ctx.stats.bytes_sent}
+
+
+def test_per_tensor_topk_hook_averages_each_ranks_per_tensor_selection():
+    """compression.perTensor through DDP: every rank ends with the mean of every rank's
+    per-tensor top-1% (selection per tensor does not depend on how DDP buckets them), and
+    the payload holds ceil(1%) of each of the MLP's four tensors: 82 + 2 + 13 + 1 entries."""
+    results = run_ranks(_per_tensor_topk, 4)
+    sizes = [p.numel() for p in MLP(INFO).parameters()]
+    comp = build_method(job_spec(method="topk", perTensor=True).compression).layout(sizes)
+    local = results[0]["all_local"]
+    expected = torch.stack([comp.roundtrip(local[r], 0)[1] for r in range(4)]).mean(0)
+    for r in results:
+        torch.testing.assert_close(r["hook"], expected, atol=1e-6, rtol=0)
+        assert r["payload"] == 8 * (82 + 2 + 13 + 1) == comp.payload_nbytes(N_PARAMS)
+        assert r["wire"] == allgather_bytes(r["payload"], 4)
+
+
 @pytest.mark.parametrize("method", HOOK_METHODS)
 def test_ddp_hook_counts_bytes_for_the_collective_used(hook_results, method):
     world, n = 4, N_PARAMS

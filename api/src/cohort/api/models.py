@@ -185,6 +185,9 @@ class Compression:
     method: CompressionMethod = field("none", doc="Compressor applied to what is communicated.")
     ratio: float = field(0.01, minimum=0, exclusive_minimum=True, maximum=1,
                          doc="Fraction of entries kept by topk and randomk.")
+    per_tensor: bool = field(False, doc="topk: keep ratio of every gradient tensor's entries rather than of the "
+                             "whole DDP bucket (or gossip vector), so a small layer that shares a bucket with a "
+                             "large one keeps its share.")
     levels: int = field(256, minimum=2, doc="Quantisation levels for qsgd.")
     chunk_size: int = field(512, minimum=1, doc="Elements that share one scale in qsgd and terngrad (QSGD's bucket "
                             "size d): the error is bounded per chunk, whatever else shares the DDP bucket. "

@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -124,6 +125,14 @@ class Compressor(Method):
         ef = ErrorFeedback() if self.biased and ctx.spec.compression.error_feedback else None
         return CompressedAllgather(ctx, self, ef), compressed_allgather_hook
 
+    def layout(self, sizes: Sequence[int]) -> Compressor:
+        """This compressor for a vector made of tensors of ``sizes`` entries, in order.
+
+        Only per-tensor methods (top-k with ``perTensor``) use it; the others
+        treat the vector as one. Every rank must pass the same layout.
+        """
+        return self
+
     @abstractmethod
     def payload_nbytes(self, numel: int) -> int:
         """Bytes of ``encode``'s output for a vector of ``numel`` elements (fixed for a given numel)."""
@@ -166,8 +175,9 @@ class CompressedAllgather:
 
 def compressed_allgather_hook(state: CompressedAllgather, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Allgather the bucket's payloads (an allgather of a k-byte payload costs (P-1) * k bytes per rank)."""
-    ctx, comp, ef = state.ctx, state.compressor, state.error_feedback
+    ctx, ef = state.ctx, state.error_feedback
     grad, key, world = bucket.buffer(), bucket.index(), ctx.world_size
+    comp = state.compressor.layout([g.numel() for g in bucket.gradients()])
     n = grad.numel()
     seeds = [state.seed(key, r) for r in range(world)]
     x = ef.compensate(key, grad) if ef is not None else grad

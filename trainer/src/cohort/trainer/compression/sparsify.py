@@ -3,7 +3,11 @@
 - top-k (Aji & Heafield 2017; Lin et al. 2018, "Deep Gradient Compression";
   Stich et al. 2018, "Sparsified SGD with memory"): the k largest magnitudes,
   sent as k (int32 index, fp32 value) pairs, 8k bytes. Biased: it needs error
-  feedback (on by default) to converge.
+  feedback (on by default) to converge. ``per_tensor`` (compression.perTensor)
+  takes the k_i = ceil(ratio * n_i) largest of each tensor in the vector
+  instead (layer-wise selection, as Aji & Heafield and DGC apply it per layer):
+  over a whole DDP bucket, a small layer next to a large one with larger
+  gradients would otherwise keep none of its entries.
 - random-k (Stich et al. 2018; Wangni et al. 2018): k coordinates drawn
   uniformly without replacement. The indices come from a seed every rank can
   derive, so only the k values travel (4k bytes). Scaled by n/k it is
@@ -13,7 +17,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -25,6 +30,10 @@ from .packing import pack_floats, pack_sparse, unpack_floats, unpack_sparse
 class TopKConfig:
     ratio: float = 0.01
     """Fraction of entries kept (compression.ratio)."""
+    per_tensor: bool = False
+    """Keep that fraction of each tensor in the vector, not of the whole vector (compression.perTensor)."""
+    segments: tuple[int, ...] = ()
+    """The tensors' sizes, in vector order (set by ``layout``; empty: the vector is one segment)."""
 
 
 class TopK(Compressor):
@@ -32,19 +41,37 @@ class TopK(Compressor):
     Config = TopKConfig
     biased = True
 
+    def layout(self, sizes: Sequence[int]) -> TopK:
+        return TopK(replace(self.config, segments=tuple(sizes))) if self.config.per_tensor else self
+
+    def _segments(self, numel: int) -> tuple[int, ...]:
+        segments = self.config.segments or (numel,)
+        if sum(segments) != numel:
+            raise ValueError(f"topk: a vector of {numel} entries is not the layout {segments} it was built for")
+        return segments
+
+    def _k(self, numel: int) -> int:
+        return sum(kept(n, self.config.ratio) for n in self._segments(numel) if n)
+
     def payload_nbytes(self, numel: int) -> int:
-        return 8 * kept(numel, self.config.ratio)
+        return 8 * self._k(numel)
 
     def select(self, x: torch.Tensor) -> torch.Tensor:
-        """Indices of the k largest |x|."""
-        return torch.topk(x.abs(), kept(x.numel(), self.config.ratio), sorted=False).indices
+        """Indices of the k largest |x| (of each segment's k_i largest, per tensor)."""
+        picks, offset = [], 0
+        for n in self._segments(x.numel()):
+            if n:
+                part = x[offset:offset + n].abs()
+                picks.append(torch.topk(part, kept(n, self.config.ratio), sorted=False).indices + offset)
+            offset += n
+        return torch.cat(picks) if picks else torch.zeros(0, dtype=torch.int64)
 
     def encode(self, x: torch.Tensor, seed: int) -> torch.Tensor:
         idx = self.select(x)
         return pack_sparse(idx, x[idx])
 
     def decode(self, payload: torch.Tensor, numel: int, seed: int) -> torch.Tensor:
-        idx, values = unpack_sparse(payload, kept(numel, self.config.ratio))
+        idx, values = unpack_sparse(payload, self._k(numel))
         return torch.zeros(numel).index_put_((idx,), values)
 
     def consensus_step(self) -> float:
