@@ -18,6 +18,7 @@ from cohort.trainer.compression.error_feedback import ErrorFeedback
 from cohort.trainer.compression.quantize import QSGD, QSGDConfig, TernGrad, TernGradConfig
 from cohort.trainer.compression.registry import METHODS
 from cohort.trainer.compression.sign import ScaledSign
+from cohort.trainer.compression.sparse_allreduce import bounds, pack_pairs, unpack_pairs
 from cohort.trainer.compression.sparsify import RandomK, RandomKConfig, TopK, TopKConfig
 from cohort.trainer.sync import topology
 
@@ -207,6 +208,18 @@ def test_per_tensor_topk_keeps_each_small_layers_share_where_bucket_topk_keeps_n
     with pytest.raises(ValueError, match="layout"):
         c.roundtrip(x[:-1], seed=0)
     assert TopK(TopKConfig(ratio=0.01)).layout([100_000, 1000]).payload_nbytes(101_000) == 8 * 1010
+
+
+@pytest.mark.parametrize("numel,world", [(10, 3), (9610, 4), (7, 8), (100_000, 8)])
+def test_sparse_allreduce_ranges_tile_the_index_space_and_pairs_round_trip(numel, world):
+    edges = bounds(numel, world)
+    assert edges[0] == 0 and edges[-1] == numel and edges == sorted(edges)
+    widths = [b - a for a, b in zip(edges[:-1], edges[1:], strict=True)]
+    assert max(widths) - min(widths) <= 1
+    idx = torch.randperm(numel, generator=torch.Generator().manual_seed(1))[: max(1, numel // 10)]
+    vals = torch.randn(idx.numel())
+    got_idx, got_vals = unpack_pairs(pack_pairs(idx, vals))
+    assert torch.equal(got_idx, idx) and torch.equal(got_vals, vals)
 
 
 def test_signsgd_sends_one_bit_per_element_and_the_mean_magnitude():

@@ -31,6 +31,7 @@ SyncAlgorithm = Literal["allreduce", "gossip", "localsgd"]
 Topology = Literal["ring", "exponential", "random"]
 CompressionMethod = Literal[
     "none", "fp16", "bf16", "powersgd", "topk", "randomk", "qsgd", "terngrad", "signsgd"]
+CompressionCollective = Literal["allgather", "sparse"]
 OptimizerName = Literal["sgd", "adamw"]
 StragglerPolicy = Literal["replace", "ignore"]
 SuccessPolicy = Literal["rank0", "all"]
@@ -185,6 +186,10 @@ class Compression:
     method: CompressionMethod = field("none", doc="Compressor applied to what is communicated.")
     ratio: float = field(0.01, minimum=0, exclusive_minimum=True, maximum=1,
                          doc="Fraction of entries kept by topk and randomk.")
+    collective: CompressionCollective = field(
+        "allgather", doc="topk under allreduce: allgather each rank's payload (bytes per rank grow with P), or "
+        "sparse: a sparse reduce-scatter then an allgather of the summed ranges (SparCML), whose bytes stay "
+        "flat in P as far as the ranks' top-k overlap, and never exceed a dense allreduce's.")
     per_tensor: bool = field(False, doc="topk: keep ratio of every gradient tensor's entries rather than of the "
                              "whole DDP bucket (or gossip vector), so a small layer that shares a bucket with a "
                              "large one keeps its share.")
@@ -347,6 +352,13 @@ class TrainingJobSpec:
                      "(compression hooks act on whole-replica gradients)",
              check=lambda s: s.compression.method == "none" or s.parallelism.strategy in ("data", "auto"),
              field_path=".compression.method"),
+        Rule(cel="self.compression.collective == 'allgather' || "
+                 "(self.compression.method == 'topk' && self.sync.algorithm == 'allreduce')",
+             message="spec.compression.collective sparse needs spec.compression.method topk and "
+                     "spec.sync.algorithm allreduce",
+             check=lambda s: s.compression.collective == "allgather" or (
+                 s.compression.method == "topk" and s.sync.algorithm == "allreduce"),
+             field_path=".compression.collective"),
         Rule(cel="self.workload.globalBatchSize == 0 || self.parallelism.strategy == 'data'",
              message="spec.workload.globalBatchSize needs spec.parallelism.strategy data",
              check=lambda s: s.workload.global_batch_size == 0 or s.parallelism.strategy == "data",

@@ -19,10 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
+from ..sync.base import SyncContext
 from .base import Compressor, generator, kept
+from .error_feedback import ErrorFeedback
+from .hooks import Hook
 from .packing import pack_floats, pack_sparse, unpack_floats, unpack_sparse
 
 
@@ -34,12 +38,21 @@ class TopKConfig:
     """Keep that fraction of each tensor in the vector, not of the whole vector (compression.perTensor)."""
     segments: tuple[int, ...] = ()
     """The tensors' sizes, in vector order (set by ``layout``; empty: the vector is one segment)."""
+    collective: str = "allgather"
+    """How DDP's buckets travel (compression.collective): allgather of payloads, or sparse allreduce."""
 
 
 class TopK(Compressor):
     name = "topk"
     Config = TopKConfig
     biased = True
+
+    def ddp_hook(self, ctx: SyncContext) -> tuple[Any, Hook] | None:
+        if self.config.collective != "sparse":
+            return super().ddp_hook(ctx)
+        from .sparse_allreduce import sparse_hook
+
+        return sparse_hook(ctx, self, ErrorFeedback() if ctx.spec.compression.error_feedback else None)
 
     def layout(self, sizes: Sequence[int]) -> TopK:
         return TopK(replace(self.config, segments=tuple(sizes))) if self.config.per_tensor else self

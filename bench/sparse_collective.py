@@ -1,0 +1,186 @@
+"""Top-k's two collectives, and a dense allreduce, counted by the kernel (a benchmark, needs root).
+
+    sudo python bench/sparse_collective.py [--worlds 2,4,8] [--hidden 2048] [--ratio 0.01] [--steps 20]
+
+For each world size P, P gloo ranks run in a network namespace of their own,
+whose loopback carries nothing else, so its tx_bytes counter is exactly what
+they sent (TCP/IP headers and ACKs included). The ranks first train the digits
+MLP (``--hidden`` wide) for ``--steps`` steps with top-k (``--ratio``) and
+error feedback summed by the sparse allreduce, keeping each step's selection
+and dense gradient. Then, between barriers, they replay those steps' traffic
+three ways: a dense ring allreduce of the gradient, an allgather of the top-k
+payloads (Cohort's ``collective: allgather``) and the sparse allreduce
+(``collective: sparse``); and a loop of barriers alone, subtracted from each.
+Each replay runs ``--repeats`` times: the table gives the median and the range.
+
+Per rank and step = the namespace's tx bytes / P / steps (ranks send about
+equally). Cohort's own count (``cohort_bytes_sent_total``'s formula) is shown
+beside. "union / Pk" is how much the ranks' selections overlap: 1/P when all
+ranks pick the same entries, 1 when they are disjoint. The sparse allreduce's
+phase 2 sends (P-1) times its merged range, so this number decides how its
+bytes grow with P.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def lo_tx() -> int:
+    return int(Path("/sys/class/net/lo/statistics/tx_bytes").read_text())
+
+
+def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from cohort.trainer.compression.base import kept
+    from cohort.trainer.compression.error_feedback import ErrorFeedback
+    from cohort.trainer.compression.sparse_allreduce import sparse_allreduce
+    from cohort.trainer.compression.sparsify import TopK, TopKConfig
+    from cohort.trainer.runtime.process_group import exit_process
+    from cohort.trainer.sync.base import allgather_bytes, ring_allreduce_bytes
+    from cohort.trainer.workloads.datasets import digits
+    from cohort.trainer.workloads.models import MLP
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    data = digits()
+    torch.manual_seed(0)
+    model = MLP(data.info, hidden=args.hidden)
+    params = list(model.parameters())
+    n = sum(p.numel() for p in params)
+    topk, ef = TopK(TopKConfig(ratio=args.ratio)), ErrorFeedback()
+    k = kept(n, args.ratio)
+    steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    unions, cohort_sparse = [], []
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(args.steps):
+        idx = torch.randint(len(data.train_y), (32,), generator=g)
+        model.zero_grad()
+        F.cross_entropy(model(data.train_x[idx]), data.train_y[idx]).backward()
+        grad = torch.cat([p.grad.reshape(-1) for p in params])
+        x = ef.compensate("all", grad)
+        sel = topk.select(x)
+        vals = x[sel]
+        ef.update("all", x, torch.zeros_like(x).index_put_((sel,), vals))
+        done = sparse_allreduce(sel, vals, n, rank, world)
+        cohort_sparse.append(done.wire_bytes)
+        picked = torch.empty(world * k, dtype=torch.int64)
+        dist.all_gather_into_tensor(picked, sel.to(torch.int64))
+        unions.append(picked.unique().numel() / (world * k))
+        update = done.total / world
+        with torch.no_grad():
+            offset = 0
+            for p in params:
+                p -= 0.1 * update[offset:offset + p.numel()].view_as(p)
+                offset += p.numel()
+        steps.append((sel, vals, grad))
+
+    def dense() -> None:
+        for _, _, grad in steps:
+            dist.all_reduce(grad.clone())
+
+    def allgather() -> None:
+        for sel, vals, _ in steps:
+            payload = topk.encode(torch.zeros(n).index_put_((sel,), vals), 0)
+            gathered = torch.empty(world * payload.numel(), dtype=torch.uint8)
+            dist.all_gather_into_tensor(gathered, payload)
+
+    def sparse() -> None:
+        for sel, vals, _ in steps:
+            sparse_allreduce(sel, vals, n, rank, world)
+
+    def barriers() -> None:
+        pass
+
+    kernel: dict[str, list[float]] = {name: [] for name in ("barriers", "dense", "allgather", "sparse")}
+    for _ in range(args.repeats):
+        for name, loop in (("barriers", barriers), ("dense", dense), ("allgather", allgather), ("sparse", sparse)):
+            dist.barrier()
+            before = lo_tx()
+            loop()
+            dist.barrier()
+            kernel[name].append(lo_tx() - before)
+    if rank == 0:
+        cohort = {"dense": ring_allreduce_bytes(4 * n, world), "allgather": allgather_bytes(8 * k, world),
+                  "sparse": statistics.mean(cohort_sparse)}
+        Path(out).write_text(json.dumps({"n": n, "k": k, "kernel": kernel, "cohort": cohort,
+                                         "union": statistics.mean(unions), "steps": args.steps}))
+    dist.destroy_process_group()
+    exit_process(0)
+
+
+def run_world(world: int, args: argparse.Namespace) -> dict[str, Any]:
+    """P ranks in a fresh network namespace (only its loopback), this script's --worker mode."""
+    ns = f"cohort-sparse-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True, capture_output=True, text=True)
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True, capture_output=True, text=True)
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            cmd = ["ip", "netns", "exec", ns, sys.executable, __file__, "--worker", "--world", str(world),
+                   "--hidden", str(args.hidden), "--ratio", str(args.ratio), "--steps", str(args.steps),
+                   "--repeats", str(args.repeats), "--out", out.name]
+            subprocess.run(cmd, check=True)
+            return json.loads(Path(out.name).read_text())
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worlds", default="2,4,8")
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--ratio", type=float, default=0.01)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--world", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        import torch.multiprocessing as mp
+        mp.start_processes(worker, args=(args.world, 29650, args, args.out), nprocs=args.world, start_method="spawn")
+        return 0
+    started, load = time.strftime("%Y-%m-%d %H:%M"), os.getloadavg()[0]
+    rows = {}
+    for world in (int(w) for w in args.worlds.split(",")):
+        print(f"  [{time.strftime('%H:%M:%S')}] P = {world}", file=sys.stderr, flush=True)
+        try:
+            rows[world] = run_world(world, args)
+        except subprocess.CalledProcessError as e:
+            print(f"P = {world} not measured: `{' '.join(e.cmd)}` failed ({e.returncode}): {e.stderr or ''}")
+            return 1
+    first = next(iter(rows.values()))
+    print(f"## Top-k collectives, bytes per rank per step as the kernel counts them ({started}, "
+          f"{os.cpu_count()} CPU cores, load average {load:.1f} at start)\n")
+    print(f"digits MLP hidden {args.hidden}: n = {first['n']:,} parameters, top-{args.ratio:g} k = {first['k']:,}; "
+          f"{args.steps} steps, {args.repeats} repeats (median, [min-max]); barriers-only loop subtracted.\n")
+    print("| P | dense allreduce: kernel (Cohort) | allgather: kernel (Cohort) | sparse: kernel (Cohort) "
+          "| sparse / allgather | sparse / its P=2 | union / Pk |")
+    print("|---|---|---|---|---|---|---|")
+    base = None
+    for world, r in rows.items():
+        per = {}
+        for name in ("dense", "allgather", "sparse"):
+            net = [(b - a) / world / r["steps"] for a, b in zip(r["kernel"]["barriers"], r["kernel"][name], strict=True)]
+            per[name] = (statistics.median(net), min(net), max(net))
+        base = base or per["sparse"][0]
+        cell = {name: f"{m:,.0f} [{lo:,.0f}-{hi:,.0f}] ({r['cohort'][name]:,.0f})" for name, (m, lo, hi) in per.items()}
+        print(f"| {world} | {cell['dense']} | {cell['allgather']} | {cell['sparse']} | "
+              f"{per['sparse'][0] / per['allgather'][0]:.2f}x | {per['sparse'][0] / base:.2f}x | {r['union']:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
