@@ -28,6 +28,7 @@ from .base import Compressor, generator, kept
 from .error_feedback import ErrorFeedback
 from .hooks import Hook
 from .packing import pack_floats, pack_sparse, unpack_floats, unpack_sparse
+from .sparse_allreduce import sparse_hook
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,6 @@ class TopK(Compressor):
     def ddp_hook(self, ctx: SyncContext) -> tuple[Any, Hook] | None:
         if self.config.collective != "sparse":
             return super().ddp_hook(ctx)
-        from .sparse_allreduce import sparse_hook
-
         return sparse_hook(ctx, self, ErrorFeedback() if ctx.spec.compression.error_feedback else None)
 
     def layout(self, sizes: Sequence[int]) -> TopK:
