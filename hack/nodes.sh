@@ -269,6 +269,16 @@ start() {  # name cmd...
   start_recorded "$PIDS/$name.pid" "$LOGS/$name.log" "$@"
 }
 
+DEVICE_PLUGIN_SOCK=/var/lib/kubelet/device-plugins/kubelet.sock
+
+socket_id() {  # path: its inode and change time (ns), or "none": a re-created file differs
+  stat -c '%i %z' "$1" 2>/dev/null || echo none
+}
+
+socket_replaced() {  # path id_before: a socket is there, and not the one that was
+  [[ -S $1 && $(socket_id "$1") != "$2" ]]
+}
+
 wait_until() {  # what timeout_s pidfile command...
   local what=$1 timeout=$2 pidfile=$3 rc=0 logfile; shift 3
   poll_ready "$timeout" "$pidfile" "$@" || rc=$?
@@ -301,7 +311,7 @@ up() {
   stop_nodes >/dev/null 2>&1 || true
   net_up
   mkdir -p "$LOGS" "$PIDS" "$NODES_DIR"
-  local t0=$SECONDS i name
+  local t0=$SECONDS i name before
   "$HACK_DIR/images.sh" build pause operator trainer
   for ((i = 0; i < N; i++)); do
     name=$(node_name "$i")
@@ -315,10 +325,16 @@ up() {
   for ((i = 0; i < N; i++)); do
     name=$(node_name "$i")
     log "starting kubelet $K8S_VERSION as $name ($NODE_IP:$((KUBELET_PORT + i)))"
+    before=$(socket_id "$DEVICE_PLUGIN_SOCK")
     start "kubelet-$i" "$K8S_BIN/kubelet" --config "$NODES_DIR/$name/kubelet.yaml" \
       --kubeconfig "$NODES_DIR/$name/kubeconfig" --root-dir "$NODES_DIR/$name/kubelet" \
       --cert-dir "$NODES_DIR/$name/kubelet/pki" --hostname-override "$name" --node-ip "$NODE_IP" \
       --node-labels "cohort.dev/node-kind=real"
+    # Every kubelet binds the same device-plugin socket (its path ignores --root-dir). One
+    # that starts while another is creating it can fail with "address already in use", so
+    # the next starts only once this one has its own socket (nothing here uses device plugins).
+    wait_until "kubelet of $name (its device-plugin socket)" 60 "$PIDS/kubelet-$i.pid" \
+      socket_replaced "$DEVICE_PLUGIN_SOCK" "$before"
   done
   [[ -f $PKI/kube-proxy.crt ]] || sign_cert kube-proxy "/CN=system:kube-proxy"
   write_kubeconfig "$NODES_DIR/kube-proxy.kubeconfig" kube-proxy
