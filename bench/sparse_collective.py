@@ -13,9 +13,9 @@ payloads (Cohort's ``collective: allgather``) and the sparse allreduce
 (``collective: sparse``); and a loop of barriers alone, subtracted from each.
 Each replay runs ``--repeats`` times: the table gives the median and the range.
 
-Per rank and step = the namespace's tx bytes / P / steps (ranks send about
-equally). Cohort's own count (``cohort_bytes_sent_total``'s formula) is shown
-beside. "union / Pk" is how much the ranks' selections overlap: 1/P when all
+Per rank and step = the namespace's tx bytes / P / steps (the mean over
+ranks). Cohort's own count (what ``cohort_bytes_sent_total`` adds up) is shown
+beside, also as the mean over ranks; the busiest rank's is in the last column. "union / Pk" is how much the ranks' selections overlap: 1/P when all
 ranks pick the same entries, 1 when they are disjoint. The sparse allreduce's
 phase 2 sends (P-1) times its merged range, so this number decides how its
 bytes grow with P.
@@ -112,9 +112,11 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str)
             loop()
             dist.barrier()
             kernel[name].append(lo_tx() - before)
+    counted = torch.empty(world, dtype=torch.float64)  # every rank's own count: the shares differ
+    dist.all_gather_into_tensor(counted, torch.tensor([statistics.mean(cohort_sparse)], dtype=torch.float64))
     if rank == 0:
         cohort = {"dense": ring_allreduce_bytes(4 * n, world), "allgather": allgather_bytes(8 * k, world),
-                  "sparse": statistics.mean(cohort_sparse)}
+                  "sparse": float(counted.mean()), "sparse_max": float(counted.max())}
         Path(out).write_text(json.dumps({"n": n, "k": k, "kernel": kernel, "cohort": cohort,
                                          "union": statistics.mean(unions), "steps": args.steps}))
     dist.destroy_process_group()
@@ -167,8 +169,8 @@ def main() -> int:
     print(f"digits MLP hidden {args.hidden}: n = {first['n']:,} parameters, top-{args.ratio:g} k = {first['k']:,}; "
           f"{args.steps} steps, {args.repeats} repeats (median, [min-max]); barriers-only loop subtracted.\n")
     print("| P | dense allreduce: kernel (Cohort) | allgather: kernel (Cohort) | sparse: kernel (Cohort) "
-          "| sparse / allgather | sparse / its P=2 | union / Pk |")
-    print("|---|---|---|---|---|---|---|")
+          "| sparse / allgather | sparse / its P=2 | union / Pk | sparse, busiest rank (Cohort) |")
+    print("|---|---|---|---|---|---|---|---|")
     base = None
     for world, r in rows.items():
         per = {}
@@ -178,7 +180,8 @@ def main() -> int:
         base = base or per["sparse"][0]
         cell = {name: f"{m:,.0f} [{lo:,.0f}-{hi:,.0f}] ({r['cohort'][name]:,.0f})" for name, (m, lo, hi) in per.items()}
         print(f"| {world} | {cell['dense']} | {cell['allgather']} | {cell['sparse']} | "
-              f"{per['sparse'][0] / per['allgather'][0]:.2f}x | {per['sparse'][0] / base:.2f}x | {r['union']:.2f} |")
+              f"{per['sparse'][0] / per['allgather'][0]:.2f}x | {per['sparse'][0] / base:.2f}x | {r['union']:.2f} | "
+              f"{r['cohort']['sparse_max']:,.0f} |")
     return 0
 
 

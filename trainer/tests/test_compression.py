@@ -18,7 +18,7 @@ from cohort.trainer.compression.error_feedback import ErrorFeedback
 from cohort.trainer.compression.quantize import QSGD, QSGDConfig, TernGrad, TernGradConfig
 from cohort.trainer.compression.registry import METHODS
 from cohort.trainer.compression.sign import ScaledSign
-from cohort.trainer.compression.sparse_allreduce import bounds, pack_pairs, unpack_pairs
+from cohort.trainer.compression.sparse_allreduce import owned, pack_pairs, unpack_pairs
 from cohort.trainer.compression.sparsify import RandomK, RandomKConfig, TopK, TopKConfig
 from cohort.trainer.sync import topology
 
@@ -211,11 +211,10 @@ def test_per_tensor_topk_keeps_each_small_layers_share_where_bucket_topk_keeps_n
 
 
 @pytest.mark.parametrize("numel,world", [(10, 3), (9610, 4), (7, 8), (100_000, 8)])
-def test_sparse_allreduce_ranges_tile_the_index_space_and_pairs_round_trip(numel, world):
-    edges = bounds(numel, world)
-    assert edges[0] == 0 and edges[-1] == numel and edges == sorted(edges)
-    widths = [b - a for a, b in zip(edges[:-1], edges[1:], strict=True)]
-    assert max(widths) - min(widths) <= 1
+def test_sparse_allreduce_shares_tile_the_index_space_and_pairs_round_trip(numel, world):
+    shares = [owned(numel, world, r) for r in range(world)]
+    assert sum(shares) == numel and max(shares) - min(shares) <= 1
+    assert shares == [len(range(r, numel, world)) for r in range(world)]
     idx = torch.randperm(numel, generator=torch.Generator().manual_seed(1))[: max(1, numel // 10)]
     vals = torch.randn(idx.numel())
     got_idx, got_vals = unpack_pairs(pack_pairs(idx, vals))

@@ -181,7 +181,7 @@ SPARSE_CASES = {  # name: (n, k, fraction of k every rank shares)
     "same support": (10_000, 100, 1.0),
     "half shared": (10_000, 100, 0.5),
     "disjoint": (10_000, 100, 0.0),
-    "filled": (1_000, 400, 0.0),  # the summed ranges are denser than 50 %: they travel dense
+    "filled": (1_000, 400, 0.0),  # the summed shares are denser than 50 %: they travel dense
 }
 
 
@@ -194,7 +194,7 @@ def _sparse_sums(rank: int, world: int) -> dict:
         idx = torch.cat([shared, rest])
         vals = torch.randn(k, generator=torch.Generator().manual_seed(1000 + rank))
         done = sparse_allreduce(idx, vals, n, rank, world)
-        out[name] = {"total": done.total, "wire": done.wire_bytes, "dense_ranges": done.dense_ranges,
+        out[name] = {"total": done.total, "wire": done.wire_bytes, "dense_shares": done.dense_shares,
                      "all": gather(torch.zeros(n).index_put_((idx,), vals), world)}
     return out
 
@@ -216,9 +216,9 @@ def test_sparse_allreduce_sums_exactly_and_its_bytes_follow_the_overlap(world):
         if name == "same support" and world > 2:  # at P = 2 both send k pairs (plus 24 header bytes)
             assert max(wires) < allgather_bytes(8 * k, world), wires
         if name == "filled":
-            assert results[0][name]["dense_ranges"] == world
+            assert results[0][name]["dense_shares"] == world
         else:
-            assert results[0][name]["dense_ranges"] == 0
+            assert results[0][name]["dense_shares"] == 0
 
 
 def _sparse_vs_allgather(rank: int, world: int) -> dict:

@@ -8,19 +8,21 @@ Learning", SC 2019), with OmniReduce's switch to dense blocks (Fei, Ho, Sahu,
 Canini & Sapio, "Efficient Sparse Collective Communication and its application
 to Accelerate Distributed Deep Learning", SIGCOMM 2021):
 
-1. *sparse reduce-scatter*: [0, n) is split into P contiguous ranges; each
-   rank sends the (index, value) pairs that fall in range j to rank j (an
-   all-to-all with uneven splits), and rank j sums what it receives;
-2. *allgather of the merged ranges*: each rank sends its summed range to every
+1. *sparse reduce-scatter*: index i belongs to rank i mod P (a strided split:
+   top-k entries bunch up in a few layers, and contiguous ranges would leave
+   one rank with most of them); each rank sends the (index, value) pairs that
+   rank j owns to rank j (an all-to-all with uneven splits), and rank j sums
+   what it receives;
+2. *allgather of the merged shares*: each rank sends its summed share to every
    other rank, as (index, value) pairs or densely as fp32, whichever is
-   smaller, so a range never costs more than its dense form.
+   smaller, so a share never costs more than its dense form.
 
 Per rank, phase 1 sends about 8k (P-1)/P bytes and phase 2 (P-1) times the
-merged range: between k/P pairs (every rank picked the same entries) and k
+merged share: between k/P pairs (every rank picked the same entries) and k
 pairs (disjoint supports), at most n/P floats. So the bytes stay flat in P as
 far as the ranks' supports overlap, and never exceed a dense ring allreduce's
-8n (P-1)/P while k <= n/2. Only rank j sums range j, so every rank ends with
-bit-identical gradients.
+8n (P-1)/P while k <= n/2. Only rank j sums the entries it owns, so every rank
+ends with bit-identical gradients.
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ from .error_feedback import ErrorFeedback
 from .hooks import Hook
 
 
-def bounds(numel: int, world: int) -> list[int]:
-    """Range j is [bounds[j], bounds[j+1]): P near-equal contiguous ranges."""
-    return [numel * j // world for j in range(world + 1)]
+def owned(numel: int, world: int, rank: int) -> int:
+    """How many of [0, numel) rank ``rank`` owns: the indices i with i mod world == rank."""
+    return (numel - rank + world - 1) // world
 
 
 def pack_pairs(indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -56,27 +58,25 @@ class Exchanged:
     """What one sparse allreduce did on this rank: the sum, and what it sent."""
     total: torch.Tensor
     wire_bytes: int
-    dense_ranges: int  # ranges that travelled dense in phase 2 (over all ranks)
+    dense_shares: int  # shares that travelled dense in phase 2 (over all ranks)
 
 
 def sparse_allreduce(indices: torch.Tensor, values: torch.Tensor, numel: int, rank: int, world: int,
                      group: dist.ProcessGroup | None = None) -> Exchanged:
     """The sum over ranks of each rank's sparse vector (``indices`` unique), densely, on every rank."""
-    edges = bounds(numel, world)
-    order = torch.argsort(indices)
+    owner = indices % world
+    order = torch.argsort(owner, stable=True)
     indices, values = indices[order], values[order]
-    cuts = torch.searchsorted(indices, torch.tensor(edges, dtype=indices.dtype)).tolist()
-    send_counts = [2 * (cuts[j + 1] - cuts[j]) for j in range(world)]  # int32 words per destination
+    send_counts = (2 * torch.bincount(owner, minlength=world)).tolist()  # int32 words per destination
     counts = torch.tensor(send_counts, dtype=torch.int64)
     recv_counts = torch.empty(world, dtype=torch.int64)
     dist.all_to_all_single(recv_counts, counts, group=group)
     received = torch.empty(int(recv_counts.sum()), dtype=torch.int32)
     dist.all_to_all_single(received, pack_pairs(indices, values), output_split_sizes=recv_counts.tolist(),
                            input_split_sizes=send_counts, group=group)
-    start, stop = edges[rank], edges[rank + 1]
-    mine = torch.zeros(stop - start)
+    mine = torch.zeros(owned(numel, world, rank))
     got_idx, got_val = unpack_pairs(received)
-    mine.index_add_(0, got_idx - start, got_val)  # in source-rank order: only this rank sums this range
+    mine.index_add_(0, got_idx // world, got_val)  # in source-rank order: only this rank sums its share
 
     nonzero = mine.nonzero().flatten()
     dense = 4 * mine.numel() <= 8 * nonzero.numel()
@@ -92,15 +92,15 @@ def sparse_allreduce(indices: torch.Tensor, values: torch.Tensor, numel: int, ra
                            input_split_sizes=in_sizes, group=group)
 
     total = torch.zeros(numel)
-    total[start:stop] = mine
+    total[rank::world] = mine
     for j, part in zip(range(world), blocks.split(out_sizes), strict=True):
         if j == rank:
             continue
         if dense_flags[j]:
-            total[edges[j]:edges[j + 1]] = part.view(torch.float32)
+            total[j::world] = part.view(torch.float32)
         else:
             idx, val = unpack_pairs(part)
-            total[edges[j] + idx] = val
+            total[idx * world + j] = val
     words_out = sum(send_counts) - send_counts[rank]
     wire = 8 * (world - 1) + 4 * words_out + allgather_bytes(16, world) + 4 * block.numel() * (world - 1)
     return Exchanged(total, wire, sum(dense_flags))
