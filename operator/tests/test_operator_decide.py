@@ -314,6 +314,25 @@ def test_progress_is_copied_into_status():
     assert plan.status.last_checkpoint.step == 40 and plan.status.last_checkpoint.time.startswith("2026-01-01")
 
 
+def test_progress_shows_percent_eta_and_a_readable_loss():
+    """Kubeflow Trainer-style progress: percent from the trainer's stepsTotal, its ETA as
+    reported, and the loss at 4 significant digits (kubectl prints every digit it gets)."""
+    progress = {"step": 33, "stepsTotal": 120, "etaSeconds": 87, "loss": 0.0004406031632930907}
+    plan = run([pod(0), pod(1)], status=running(1, 0, 1), w=world(1, 0, 1), progress=progress)
+    pr = plan.status.progress
+    assert (pr.percent, pr.eta_seconds, pr.loss) == (27.5, 87, 0.0004406)
+    plan = run([pod(0), pod(1)], status=running(1, 0, 1), w=world(1, 0, 1), progress={"step": 7})
+    assert plan.status.progress.percent is None  # no total reported: no guess
+
+
+def test_a_succeeded_job_shows_100_percent_and_no_time_left():
+    pods = [pod(0, ready=False, phase="Succeeded", succeeded=True, exit_code=0), pod(1)]
+    plan = run(pods, status=running(1, 0, 1), w=world(1, 0, 1),
+               progress={"step": 118, "stepsTotal": 120, "etaSeconds": 3})
+    assert plan.status.phase == "Succeeded"
+    assert (plan.status.progress.percent, plan.status.progress.eta_seconds) == (100.0, 0)
+
+
 def test_rank0_success_wins_over_peers_failing_on_the_way_out():
     pods = [pod(0, ready=False, phase="Succeeded", succeeded=True, exit_code=0),
             pod(1, ready=False, phase="Failed", failed=True, exit_code=1)]

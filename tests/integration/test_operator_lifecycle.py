@@ -163,11 +163,15 @@ def test_success_policy_then_ttl_cleans_up(cluster, namespace, operator, policy)
     terminate(cluster, namespace, rank0, 0, summary)
     out = kubectl(cluster, "wait", "--for=condition=Succeeded", "tj/done", "-n", namespace, "--timeout=20s")
     assert out.returncode == 0, out.stderr
+    table = kubectl(cluster, "get", "tj/done", "-n", namespace).stdout.splitlines()  # before the 3 s TTL
+    assert table[0].split() == ["NAME", "PHASE", "READY", "STEP", "PROGRESS", "ETA", "LOSS", "AGE"], table
+    assert table[1].split()[3:7] == ["120", "100", "0", "0.05"], table
     job = cluster.get_job(namespace, "done")
     st = job["status"]
     assert st["phase"] == "Succeeded" and st["completionTime"]
     assert condition(job, "Succeeded")["reason"] == ("Rank0Succeeded" if policy == "rank0" else "AllWorkersSucceeded")
     assert st["progress"]["step"] == 120 and st["progress"]["accuracy"] == 0.96
+    assert st["progress"]["percent"] == 100.0 and st["progress"]["etaSeconds"] == 0
     # Running pods and the spare are deleted; finished pods stay for their logs until the TTL.
     wait_for(lambda: all(p.status.phase == "Succeeded" for p in pods(cluster, namespace, "done")), 10,
              what="only finished pods left")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -29,6 +30,8 @@ def test_digits_example_reaches_96_percent_within_60s(tmp_path):
     assert s["accuracy"] >= 0.96, s
     assert s["wallSeconds"] <= 60, s
     assert "test accuracy" in proc.stdout and "checkpoints" in proc.stdout
+    etas = [int(m) for m in re.findall(r" eta (\d+)s", proc.stderr)]  # the progress lines: the trainer's etaSeconds
+    assert etas and etas[-1] <= etas[0] <= 120, etas
 
 
 @pytest.mark.slow

@@ -35,6 +35,10 @@ PRINTER_COLUMNS = [
     {"name": "Ready", "type": "string", "jsonPath": ".status.replicas.summary",
      "description": "Ready/Desired workers"},
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
+    {"name": "Progress", "type": "number", "jsonPath": ".status.progress.percent",
+     "description": "Percent of the optimizer steps done"},
+    {"name": "ETA", "type": "integer", "jsonPath": ".status.progress.etaSeconds",
+     "description": "Estimated seconds to the last step"},
     {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

@@ -433,8 +433,11 @@ class Progress:
 
     step: int = field(0, doc="Optimizer steps completed.")
     epoch: int = field(0, doc="Current epoch.")
-    loss: Optional[float] = field(None, doc="Latest training loss.")
+    loss: Optional[float] = field(None, doc="Latest training loss (4 significant digits).")
     samples_per_second: Optional[float] = field(None, doc="Global training throughput.")
+    percent: Optional[float] = field(None, doc="Share of the job's optimizer steps done, 0-100 (100 once it succeeded).")
+    eta_seconds: Optional[int] = field(None, doc="Estimated seconds to the last step at the current throughput "
+                                                 "and world size.")
     accuracy: Optional[float] = field(None, doc="Latest evaluation accuracy (classification).")
     plan: str = field("", doc="The parallelism plan in use (strategy auto says which it chose).")
     updated_at: str = field("", doc="When progress was last read (RFC 3339).")

@@ -65,7 +65,6 @@ class LocalRun:
         self.restarts = 0
         self.recoveries: list[dict[str, Any]] = []
         self.t0 = time.monotonic()
-        self._first_progress: tuple[float, int] | None = None
 
     # --- processes -----------------------------------------------------------------
     def _spawn(self) -> Worker:
@@ -201,14 +200,7 @@ class LocalRun:
             return
         step, total = p.get("step", 0), p.get("stepsTotal")
         sps, loss = p.get("samplesPerSecond") or 0.0, p.get("loss")
-        elapsed = time.monotonic() - self.t0
-        eta = ""
-        if self._first_progress is None:
-            self._first_progress = (elapsed, step)
-        t_first, s_first = self._first_progress
-        if total and step > s_first and elapsed > t_first:
-            rate = (step - s_first) / (elapsed - t_first)
-            eta = f" eta {max(0.0, (total - step) / rate):.0f}s"
+        eta = f" eta {p['etaSeconds']}s" if p.get("etaSeconds") is not None else ""  # the trainer's estimate
         acc = f" acc {p['accuracy']:.3f}" if p.get("accuracy") is not None else ""
         self._say(f"step {step}/{total or '?'} epoch {p.get('epoch', 0)} loss {loss if loss is None else round(loss, 4)}"
                   f"{acc} {sps:.0f} samples/s world v{p.get('worldVersion')}x{p.get('worldSize')}{eta}")

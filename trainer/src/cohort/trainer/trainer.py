@@ -385,14 +385,21 @@ class Trainer:
         if not force and now - self._progress_at < 0.25:  # readers poll every second or so
             return
         self._progress_at = now
-        last = self.ckpt.last
+        last, total = self.ckpt.last, self._total_steps()
         self.metrics.update_progress(
             state="training", step=self.state.step, epoch=self.sampler.epoch, loss=self.loss_ema,
             samplesPerSecond=self.sps_ema, plan=self.plan.describe() if self.plan else "",
             worldVersion=self.world.version if self.world else 0, worldSize=self.world.size if self.world else 0,
             accuracy=self.eval_result.get("accuracy"), perplexity=self.eval_result.get("perplexity"),
             lastCheckpoint={"step": last.step, "location": last.location, "time": last.time} if last else None,
-            stepsTotal=self._total_steps())
+            stepsTotal=total, etaSeconds=self._eta_seconds(total))
+
+    def _eta_seconds(self, total: int | None) -> int | None:
+        """Seconds to the last step at the current global throughput and world size."""
+        if total is None or not self.plan or not self.sps_ema or self.sps_ema <= 0:
+            return None
+        remaining = max(0, total - self.state.step)
+        return round(remaining * self.sampler.global_batch(self.plan.dp_size) / self.sps_ema)
 
     def _total_steps(self) -> int | None:
         w = self.spec.workload

@@ -88,6 +88,7 @@ def succeed(observed: Inputs, decision: Decision, rank0: PodView | None) -> None
     summary = rank0.termination_summary() if rank0 else {}
     if summary:
         apply_progress(decision.status, summary, observed.now)
+    decision.status.progress.percent, decision.status.progress.eta_seconds = 100.0, 0
     if observed.spec.run_policy.success_policy == "rank0":
         _finish(observed, decision, "Succeeded", "Rank0Succeeded", f"rank 0 ({rank0.name if rank0 else '?'}) exited 0")
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime as dt
+import math
 from typing import Any, cast
 
 from cohort.api.models import Phase, TrainingJobStatus
@@ -82,10 +83,16 @@ def apply_progress(status: TrainingJobStatus, data: dict[str, Any], now: dt.date
             return None
 
     for key, attr, kind in (("step", "step", int), ("epoch", "epoch", int), ("loss", "loss", float),
-                            ("samplesPerSecond", "samples_per_second", float), ("accuracy", "accuracy", float)):
+                            ("samplesPerSecond", "samples_per_second", float), ("accuracy", "accuracy", float),
+                            ("etaSeconds", "eta_seconds", int)):
         value = num(key, kind)
         if value is not None:
             setattr(pr, attr, value)
+    if pr.loss is not None and math.isfinite(pr.loss):
+        pr.loss = float(f"{pr.loss:.4g}")  # as people read a loss (kubectl prints every digit it is given)
+    total = num("stepsTotal", int)
+    if total:
+        pr.percent = round(min(100.0, 100.0 * pr.step / total), 1)
     if isinstance(data.get("plan"), str):
         pr.plan = data["plan"]
     if dataclasses.replace(pr, updated_at="") != dataclasses.replace(status.progress, updated_at=""):
