@@ -126,7 +126,9 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str)
 def run_world(world: int, args: argparse.Namespace) -> dict[str, Any]:
     """P ranks in a fresh network namespace (only its loopback), this script's --worker mode."""
     ns = f"cohort-sparse-{os.getpid()}"
-    subprocess.run(["ip", "netns", "add", ns], check=True, capture_output=True, text=True)
+    made = subprocess.run(["ip", "netns", "add", ns], capture_output=True, text=True)
+    if made.returncode != 0:
+        raise PermissionError(f"`ip netns add {ns}` failed ({made.returncode}): {made.stderr.strip()}")
     try:
         subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True, capture_output=True, text=True)
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
@@ -160,6 +162,9 @@ def main() -> int:
         print(f"  [{time.strftime('%H:%M:%S')}] P = {world}", file=sys.stderr, flush=True)
         try:
             rows[world] = run_world(world, args)
+        except PermissionError as e:  # as bench/comm.py: say why nothing was measured
+            print(f"Not measured: the kernel refused the network namespace (run as root):\n\n    {e}")
+            return 0
         except subprocess.CalledProcessError as e:
             print(f"P = {world} not measured: `{' '.join(e.cmd)}` failed ({e.returncode}): {e.stderr or ''}")
             return 1
