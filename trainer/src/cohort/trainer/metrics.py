@@ -40,7 +40,7 @@ class WorkerMetrics:
         self.loss = Gauge("cohort_loss", "Latest training loss", registry=r)
         self.accuracy = Gauge("cohort_eval_accuracy", "Latest evaluation accuracy", registry=r)
         self.perplexity = Gauge("cohort_eval_perplexity", "Latest evaluation perplexity", registry=r)
-        self.bytes_sent = Counter("cohort_bytes_sent", "Bytes sent on the wire for sync", registry=r)
+        self.bytes_sent = Counter("cohort_bytes_sent", "Payload bytes this worker handed to its collectives for sync (TCP/IP and gloo framing not included)", registry=r)
         self.compression_ratio = Gauge("cohort_compression_ratio", "Dense fp32 bytes / payload bytes", registry=r)
         self.checkpoint_seconds = Histogram("cohort_checkpoint_seconds", "Checkpoint stall / write time",
                                             ["phase"], buckets=SLOW_BUCKETS, registry=r)
