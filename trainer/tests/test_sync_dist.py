@@ -189,8 +189,9 @@ def _sparse_sums(rank: int, world: int) -> dict:
     out = {}
     for name, (n, k, shared_fraction) in SPARSE_CASES.items():
         shared = torch.randperm(n, generator=torch.Generator().manual_seed(99))[:int(k * shared_fraction)]
+        taken = set(shared.tolist())
         rest = torch.tensor([i for i in torch.randperm(n, generator=torch.Generator().manual_seed(rank)).tolist()
-                             if i not in set(shared.tolist())][: k - shared.numel()], dtype=torch.int64)
+                             if i not in taken][: k - shared.numel()], dtype=torch.int64)
         idx = torch.cat([shared, rest])
         vals = torch.randn(k, generator=torch.Generator().manual_seed(1000 + rank))
         done = sparse_allreduce(idx, vals, n, rank, world)

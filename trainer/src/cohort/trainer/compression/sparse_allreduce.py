@@ -44,7 +44,12 @@ def owned(numel: int, world: int, rank: int) -> int:
 
 
 def pack_pairs(indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """(index, value) pairs as int32 words, two per pair."""
+    """(index, value) pairs as int32 words, two per pair.
+
+    Interleaved, unlike packing.pack_sparse (all values, then all indices): an
+    all-to-all with uneven splits cuts the buffer by destination, so each
+    destination's pairs must be contiguous.
+    """
     return torch.stack([indices.to(torch.int32), values.to(torch.float32).view(torch.int32)], dim=1).reshape(-1)
 
 
