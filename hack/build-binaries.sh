@@ -13,6 +13,8 @@
 #   crictl:     the CRI client (cri-tools) via go install (real nodes)
 #   local-path-provisioner: PersistentVolumes on real nodes, via go install
 #   kube-router: the NetworkPolicy enforcer of the real nodes, via go install
+#   kueue:      the kueue manager via go install, plus its CRDs and RBAC role
+#               copied from the module into the cache (hack/kueue.sh applies them)
 #   prometheus: prometheus + promtool via go install, with only the Kubernetes
 #               service discovery compiled in (Prometheus's own build tags)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -121,7 +123,7 @@ build_go_install() {  # name version binaries... -- packages...
   while [[ $1 != -- ]]; do bins+=("$1"); shift; done; shift
   pkgs=("$@")
   local out="$BIN_CACHE/$name-$version" ok=1
-  for b in "${bins[@]}"; do [[ -x "$out/$b" ]] || ok=0; done
+  for b in "${bins[@]}"; do [[ -e "$out/$b" ]] || ok=0; done
   [[ $ok == 1 ]] && return 0
   log "building $name $version"
   local tmp; tmp=$(mktemp -d "$BIN_CACHE/.$name.XXXX")
@@ -138,6 +140,12 @@ build_go_install() {  # name version binaries... -- packages...
     tags=remove_all_sd,enable_kubernetes_sd
   fi
   GOBIN="$tmp" go install -trimpath -tags "$tags" -ldflags "$ld" "${pkgs[@]/%/@$version}"
+  if [[ $name == kueue ]]; then  # the manifests hack/kueue.sh applies, from the same module
+    local src; src=$(go mod download -json "sigs.k8s.io/kueue@$version" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+    mkdir -p "$tmp/config"
+    cp "$src"/config/components/crd/bases/*.yaml "$src/config/components/rbac/role.yaml" \
+       "$src/config/components/webhook/manifests.yaml" "$tmp/config/"
+  fi
   rm -rf "$out"; mv "$tmp" "$out"
 }
 
@@ -155,9 +163,10 @@ case $want in
     local-path-provisioner -- github.com/rancher/local-path-provisioner ;;&
   all|kube-router) build_go_install kube-router "$KUBE_ROUTER_VERSION" kube-router -- \
     github.com/cloudnativelabs/kube-router/v2/cmd/kube-router ;;&
+  all|kueue) build_go_install kueue "$KUEUE_VERSION" kueue config/role.yaml -- sigs.k8s.io/kueue/cmd/kueue ;;&
   all|prometheus) build_go_install prometheus "$PROMETHEUS_VERSION" prometheus promtool -- \
     github.com/prometheus/prometheus/cmd/prometheus github.com/prometheus/prometheus/cmd/promtool ;;&
-  all|kubernetes|etcd|kwok|helm|containerd|crictl|local-path-provisioner|kube-router|prometheus) ;;
-  *) die "unknown component '$want' (all|kubernetes|etcd|kwok|helm|containerd|crictl|local-path-provisioner|kube-router|prometheus)" ;;
+  all|kubernetes|etcd|kwok|helm|containerd|crictl|local-path-provisioner|kube-router|kueue|prometheus) ;;
+  *) die "unknown component '$want' (all|kubernetes|etcd|kwok|helm|containerd|crictl|local-path-provisioner|kube-router|kueue|prometheus)" ;;
 esac
 log "binaries ready under $BIN_CACHE"
