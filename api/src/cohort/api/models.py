@@ -21,6 +21,10 @@ PLURAL = "trainingjobs"
 JOB_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 JOB_NAME_MAX = 40
 
+# spec.managedBy: who reconciles a job (as batch Job, JobSet and Kubeflow's TrainJob have it).
+MANAGED_BY_SELF = "cohort.dev/operator"
+MANAGED_BY_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[-A-Za-z0-9_.]{1,63})?$"
+
 BUILTIN_MODELS = ("mlp", "convnet", "transformer")
 BUILTIN_DATASETS = ("digits", "synthetic-classification", "synthetic-lm")
 # A user entry point: an importable module path and a function name.
@@ -371,9 +375,20 @@ class TrainingJobSpec:
              message="spec.sync.algorithm gossip/localsgd needs spec.parallelism.strategy data",
              check=lambda s: s.sync.algorithm == "allreduce" or s.parallelism.strategy == "data",
              field_path=".sync.algorithm"),
+        # A transition rule (oldSelf): only the API server sees both versions, so the Python twin passes.
+        Rule(cel="self.managedBy == oldSelf.managedBy",
+             message="spec.managedBy is immutable",
+             check=lambda s: True,
+             field_path=".managedBy"),
     )
 
     image: str = field("", doc="Trainer image. Empty: the operator's default image.")
+    managed_by: str = field("", pattern=MANAGED_BY_PATTERN,
+                            pattern_message="spec.managedBy must be empty or a domain-prefixed path "
+                                            "such as kueue.x-k8s.io/multikueue",
+                            doc="The controller that reconciles this job. Empty or cohort.dev/operator: this "
+                                "operator; any other value (for example kueue.x-k8s.io/multikueue) leaves the "
+                                "job to that controller, and this operator never touches it. Immutable.")
     workload: Workload = field(doc="What to train: a job must name its model and dataset.")
     replicas: Replicas = field(Replicas, doc="Elastic worker counts.")
     resources: Resources = field(Resources, doc="core/v1 ResourceRequirements of each worker.")
@@ -414,6 +429,8 @@ class ReplicaStatus:
     active: int = field(0, doc="Workers in the current world (the scale subresource's status).")
     ready: int = field(0, doc="Worker pods Ready.")
     spares: int = field(0, doc="Standby pods Ready.")
+    admitted: Optional[int] = field(None, doc="Workers Kueue admitted (jobs in a Kueue queue only): the job runs "
+                                              "min(replicas.target, admitted).")
     summary: str = field("", doc="ready/desired, for kubectl get.")
 
 
@@ -465,7 +482,8 @@ class TrainingJobStatus:
     """TrainingJobStatus is the observed state of a TrainingJob."""
 
     phase: Phase = field("Pending", doc="Pending, Running, Recovering, Suspended, Succeeded or Failed.")
-    conditions: list[Condition] = field([], doc="Conditions: Ready, Running, Suspended, Succeeded, Failed, GangScheduling.")
+    conditions: list[Condition] = field([], doc="Conditions: Ready, Running, Suspended, Succeeded, Failed, "
+                                                "GangScheduling, and Admitted for jobs in a Kueue queue.")
     observed_generation: int = field(0, doc="The spec generation last reconciled.")
     replicas: ReplicaStatus = field(ReplicaStatus, doc="Worker counts.")
     selector: str = field("", doc="Label selector of the workers (for the scale subresource / HPA).")
