@@ -293,8 +293,12 @@ class Trainer:
         self.metrics.update_progress(state="training", worldVersion=world.version, rank=self.rank)
         while not self._done():
             if STOP_REQUESTED.is_set():
+                self._checkpoint_on_stop()
                 raise Terminated()
             if not self.static and self._latest_version() != world.version:
+                latest = self.worlds.latest
+                if latest is not None and latest.rank_of(self.pod) is None:
+                    self._checkpoint_on_stop()  # a world without this worker: it is leaving for good
                 raise WorldChanged()
             if self.sampler.epoch_done(size):
                 self._end_epoch()
@@ -461,6 +465,19 @@ class Trainer:
         meta = {"worldSize": self.world.size if self.world else 1, "plan": self.plan.describe()}
         self.ckpt.save(self.state.step, self.state.checkpoint_state(), meta, coordinator=self.rank == 0,
                        sharded=not self.plan.replicated, group=self.plan.checkpoint_group)
+
+    def _checkpoint_on_stop(self) -> None:
+        """Leaving for good between steps (SIGTERM, or a world without this worker: suspend, a Kueue
+        eviction): rank 0 of a replicated plan holds the whole state and saves it alone, so nothing
+        since the last checkpoint is lost when no worker stays. Sharded plans would need every rank in a
+        collective save while the pods are going away: they keep their newest periodic checkpoint."""
+        if self.plan is None or not self.plan.replicated or self.rank != 0:
+            return
+        before = self.last_saved_step
+        self._maybe_checkpoint(final=True)
+        self.ckpt.wait()
+        if self.last_saved_step != before:
+            log.info("checkpointed on leaving", extra={"step": self.state.step})
 
     def _finish(self) -> dict[str, Any]:
         self.evaluate()
