@@ -149,6 +149,14 @@ holding those verbs (RBAC escalation check): configmaps has them.
   resources: [networkpolicies]
   verbs: [list, watch, create]
 {{- end }}
+{{- if .Values.rbac.kueue }}
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads/status]
+  verbs: [patch]
+{{- end }}
 {{- if .Values.rbac.gangScheduling }}
 - apiGroups: [scheduling.k8s.io]
   resources: [podgroups, workloads]

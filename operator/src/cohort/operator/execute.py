@@ -65,6 +65,9 @@ class Executor:
             return False
         deleted = await self._delete_pods(mem, decision)
         created = await self._create_pods(mem, job, spec, decision, gang_fields)
+        if decision.admitted_after is not None:
+            self.metrics.queue_admissions.inc()
+            self.metrics.queue_wait.observe(decision.admitted_after)
         for reason, count in decision.replaced.items():
             if count:
                 self.metrics.replacements.labels(reason=reason).inc(count)
@@ -116,7 +119,8 @@ class Executor:
                            gang_fields: dict[str, Any]) -> list[str]:
         ns = mem.key[0]
         pods = [build_worker_pod(job, spec, r.index, default_image=self.settings.default_image, gang=gang_fields,
-                                 replaces=r.replaces, avoid=list(r.avoid_nodes)) for r in decision.create]
+                                 replaces=r.replaces, avoid=list(r.avoid_nodes), placement=decision.placement)
+                for r in decision.create]
         results = await gather_limited([self.kube.create_if_absent(POD.path(ns), p) for p in pods],
                                        self.settings.api_concurrency)
         created = []

@@ -5,7 +5,9 @@
 - an event on a pod labelled ``cohort.dev/job`` updates the ``pods_by_job``
   index (the reconciler's view of the pods) and enqueues that job;
 - the deletion of a ConfigMap or Service the job owns enqueues the job,
-  which recreates it.
+  which recreates it;
+- where Kueue is installed, any change to a job's Workload (admitted,
+  evicted, replaced) enqueues the job.
 
 Only ``on.event`` handlers are used: they keep no progress annotations and
 need no finalizers, so deleting a job (or a namespace) never waits for the
@@ -26,12 +28,14 @@ from cohort.api.models import GROUP, PLURAL, VERSION
 
 from .jobstate import fingerprint
 from .kubeapi import load_configuration
+from .kueue import WORKLOAD
 from .naming import LABEL_JOB, LABEL_OPERATOR
 from .observe import trim_pod
 from .reconciler import Reconciler
 from .workqueue import NORMAL, URGENT
 
 POD_BATCH_S = 0.2
+WORKLOAD_GROUP, WORKLOAD_VERSION = WORKLOAD.api_version.split("/")
 
 # Owned kinds watched so that a deletion is repaired at once: (group, version,
 # plural, kind). The ServiceAccount, Role, RoleBinding and PDB are checked at
@@ -67,7 +71,7 @@ def job_selector(instance: str) -> str:
     return f"{LABEL_OPERATOR}={instance}" if instance else f"!{LABEL_OPERATOR}"
 
 
-def configure(settings: kopf.OperatorSettings, instance: str = "") -> None:
+def configure(settings: kopf.OperatorSettings, instance: str = "", *, kueue: bool = False) -> None:
     """Watch only what carries the job label (and this instance's jobs), filtered by the API server."""
     settings.peering.standalone = True  # leader election is ours (see leader.py)
     settings.posting.enabled = False  # the operator posts its own Events
@@ -78,9 +82,11 @@ def configure(settings: kopf.OperatorSettings, instance: str = "") -> None:
     for group, version, plural, _kind in OWNED_KINDS:
         key = ("v1", plural) if not group else (group, version, plural)
         settings.watching.label_selectors[key] = LABEL_JOB
+    if kueue:
+        settings.watching.label_selectors[(WORKLOAD_GROUP, WORKLOAD_VERSION, WORKLOAD.plural)] = LABEL_JOB
 
 
-def build_registry(rec: Reconciler) -> kopf.OperatorRegistry:
+def build_registry(rec: Reconciler, *, kueue: bool = False) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -147,5 +153,12 @@ def build_registry(rec: Reconciler) -> kopf.OperatorRegistry:
                 rec.object_deleted((namespace or "", job), _kind, name)
 
         kopf.on.event(*args, id=f"owned-{plural}", registry=registry)(owned_event)
+
+    if kueue:
+        @kopf.on.event(WORKLOAD_GROUP, WORKLOAD_VERSION, WORKLOAD.plural, registry=registry)
+        async def workload_event(*, namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+            job = labels.get(LABEL_JOB)
+            if job:
+                rec.queue.add((namespace or "", job), URGENT)
 
     return registry

@@ -29,6 +29,7 @@ class JobMemory:
     body: dict[str, Any] | None = None  # the newest TrainingJob seen in a watch event
     fingerprint: str = ""  # what, besides status, the last enqueued event carried
     loaded: bool = False  # status and world were read from the API after (re)start
+    ignored: bool = False  # spec.managedBy names another controller (logged once)
     # Our own writes the pod index may not show yet (controller "expectations"):
     expected: dict[str, tuple[float, dict[str, Any]]] = dataclasses.field(default_factory=dict)  # created
     deleting: dict[str, float] = dataclasses.field(default_factory=dict)  # deleted, maybe still listed

@@ -110,8 +110,10 @@ def get_condition(conditions: list[Condition], type_: str) -> Condition | None:
 
 def phase_conditions(conditions: list[Condition], *, phase: str, world_size: int, target: int, minimum: int,
                      final_reason: str, final_message: str, generation: int,
-                     now: dt.datetime, waiting: str = "") -> list[Condition]:
-    """Ready, Running, Suspended, Succeeded and Failed for ``phase`` (``waiting``: why no world yet)."""
+                     now: dt.datetime, waiting: str = "", suspended_reason: str = "Suspended",
+                     suspended_message: str = "runPolicy.suspend is true: workers deleted") -> list[Condition]:
+    """Ready, Running, Suspended, Succeeded and Failed for ``phase`` (``waiting``: why no world yet;
+    ``suspended_*``: why a Suspended job is, for a job waiting in a Kueue queue Kueue's words)."""
     def put(type_: str, status: bool, reason: str, message: str) -> None:
         nonlocal conditions
         conditions = set_condition(conditions, type_, status, reason, message, generation=generation, now=now)
@@ -127,8 +129,8 @@ def phase_conditions(conditions: list[Condition], *, phase: str, world_size: int
     else:
         put("Running", False, "WaitingForWorkers",
             waiting or f"waiting for at least replicas.min={minimum} Ready workers ({world_size} in the world)")
-    put("Suspended", phase == "Suspended", "Suspended" if phase == "Suspended" else "NotSuspended",
-        "runPolicy.suspend is true: workers deleted" if phase == "Suspended" else "")
+    put("Suspended", phase == "Suspended", suspended_reason if phase == "Suspended" else "NotSuspended",
+        suspended_message if phase == "Suspended" else "")
     put("Succeeded", phase == "Succeeded", final_reason if phase == "Succeeded" else "NotSucceeded",
         final_message if phase == "Succeeded" else "")
     put("Failed", phase == "Failed", final_reason if phase == "Failed" else "NotFailed",

@@ -24,6 +24,7 @@ from .events import EventRecorder
 from .handlers import build_registry, configure
 from .health import Health
 from .kubeapi import ApiError, Kube
+from .kueue import WORKLOAD
 from .leader import LeaderElector
 from .metrics import OperatorMetrics
 from .prober import Prober
@@ -84,8 +85,11 @@ async def _lead(settings: Settings, kube: Kube, metrics: OperatorMetrics, electo
     recorder = EventRecorder(kube, metrics, settings.identity)
     rec = Reconciler(kube, settings, metrics, recorder)
     prober = Prober(rec)
+    # Kueue's Workloads are watched where Kueue is installed (docs/kueue.md); a
+    # cluster that gains Kueue later needs an operator restart for the watch.
+    kueue = (WORKLOAD.api_version, WORKLOAD.plural) in await kube.served_resources(WORKLOAD.api_version)
     kopf_settings = kopf.OperatorSettings()
-    configure(kopf_settings, settings.instance)
+    configure(kopf_settings, settings.instance, kueue=kueue)
     stop = asyncio.Event()
     # Every task of ours exists before kopf starts: on shutdown kopf cancels
     # the tasks it did not find at its start, and ours stop in our own order.
@@ -96,7 +100,7 @@ async def _lead(settings: Settings, kube: Kube, metrics: OperatorMetrics, electo
     if elector is not None:
         workers.append(asyncio.create_task(elector.hold(), name="lease"))
     operator = asyncio.create_task(kopf.operator(
-        registry=build_registry(rec), settings=kopf_settings, stop_flag=stop,
+        registry=build_registry(rec, kueue=kueue), settings=kopf_settings, stop_flag=stop,
         clusterwide=settings.clusterwide, namespaces=list(settings.namespaces)), name="kopf")
     watched = [operator, *workers]
     code = 0

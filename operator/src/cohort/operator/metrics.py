@@ -7,6 +7,7 @@ operators in one process without clashes.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter as _Tally
 from collections.abc import Iterable
 
@@ -28,6 +29,17 @@ class OperatorMetrics:
         self.replacements = Counter("cohort_operator_replacements_total", "Workers replaced", ["reason"], registry=r)
         self.world_changes = Counter("cohort_operator_world_changes_total", "World versions published", registry=r)
         self.errors = Counter("cohort_operator_errors_total", "Errors while reconciling", ["where"], registry=r)
+        # Jobs in Kueue queues (docs/kueue.md).
+        self.queue_admissions = Counter("cohort_operator_queue_admissions_total",
+                                        "Kueue admissions of queued TrainingJobs", registry=r)
+        self.evictions = Counter("cohort_operator_queue_evictions_total",
+                                 "Kueue evictions of TrainingJobs, by Kueue's reason", ["reason"], registry=r)
+        self.queue_wait = Histogram(
+            "cohort_operator_queue_wait_seconds", "Time a TrainingJob waited in its Kueue queue before an admission",
+            registry=r, buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600))
+        self.queue_workers = Gauge("cohort_operator_queue_workers",
+                                   "Workers of a queued TrainingJob: kind=target (spec) or admitted (Kueue)",
+                                   ["namespace", "job", "kind"], registry=r)
         for phase in PHASES:
             self.jobs.labels(phase=phase).set(0)
         for reason in ("failure", "straggler"):
@@ -39,6 +51,15 @@ class OperatorMetrics:
         tally = _Tally(phases)
         for phase in PHASES:
             self.jobs.labels(phase=phase).set(tally.get(phase, 0))
+
+    def set_queue_workers(self, namespace: str, job: str, target: int | None, admitted: int | None) -> None:
+        """The per-job queue gauges; None removes them (the job left its queue, finished or is gone)."""
+        for kind, value in (("target", target), ("admitted", admitted)):
+            if value is None:
+                with contextlib.suppress(KeyError):
+                    self.queue_workers.remove(namespace, job, kind)
+            else:
+                self.queue_workers.labels(namespace=namespace, job=job, kind=kind).set(value)
 
     def serve(self, port: int) -> None:
         """Serve /metrics on ``port`` from a background thread."""

@@ -113,9 +113,12 @@ def build_worker_pod(
     gang: Mapping[str, Any] | None = None,
     replaces: str = "",
     avoid: list[str] | None = None,
+    placement: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The Pod for worker ``index`` of ``job``.
 
+    ``placement`` adds the node labels and tolerations of the flavors Kueue
+    admitted a queued job on (see :mod:`.kueue`).
     ``gang`` carries what the gang scheduler in use expects on each pod
     (``labels``, ``annotations``, ``spec`` fields; see :mod:`.gang`).
     ``replaces``/``avoid`` mark a straggler's replacement and the nodes it must avoid.
@@ -194,14 +197,18 @@ def build_worker_pod(
         },
     }
     sched = spec.scheduling
+    placement = placement or {}
     if sched.scheduler_name:
         pod_spec["schedulerName"] = sched.scheduler_name
     if sched.priority_class_name:
         pod_spec["priorityClassName"] = sched.priority_class_name
-    if sched.node_selector:
-        pod_spec["nodeSelector"] = dict(sched.node_selector)
-    if sched.tolerations:
-        pod_spec["tolerations"] = copy.deepcopy(sched.tolerations)
+    node_selector = {**sched.node_selector, **(placement.get("nodeSelector") or {})}
+    if node_selector:
+        pod_spec["nodeSelector"] = node_selector
+    tolerations = copy.deepcopy(sched.tolerations)
+    tolerations += [copy.deepcopy(t) for t in placement.get("tolerations") or [] if t not in tolerations]
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
     affinity = avoid_nodes(sched.affinity, avoid or [])
     if affinity:
         pod_spec["affinity"] = affinity

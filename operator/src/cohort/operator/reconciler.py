@@ -28,7 +28,7 @@ import logging
 import time
 from typing import Any
 
-from cohort.api.models import TrainingJobSpec, TrainingJobStatus
+from cohort.api.models import MANAGED_BY_SELF, TrainingJobSpec, TrainingJobStatus
 from cohort.api.schema import ValidationError, parse, to_dict
 
 from .decide import Inputs, decide
@@ -36,6 +36,8 @@ from .events import EventRecorder
 from .execute import Executor
 from .jobstate import JobKey, JobMemory
 from .kubeapi import ApiError, Kube
+from .kueue import Admission, Slice, queue_name
+from .kueue import plan as plan_workloads
 from .lifecycle import FINAL_PHASES, get_condition, set_condition
 from .manifests import (
     CONFIG_MAP,
@@ -51,6 +53,8 @@ from .metrics import OperatorMetrics
 from .naming import LABEL_JOB, WORLD_KEY, job_path, world_map_name
 from .observe import view_pods
 from .owned import OwnedObjects
+from .pods import build_worker_pod
+from .queueing import Queues
 from .settings import Settings
 from .workqueue import BACKGROUND, WorkQueue
 from .world import Member, World
@@ -76,6 +80,7 @@ class Reconciler:
         self.pod_index: Any = None  # kopf's pods_by_job index, handed over by the first handler call
         self.owned = OwnedObjects(kube, settings, recorder)
         self.executor = Executor(kube, settings, metrics, recorder, self.queue, self.owned)
+        self.queues = Queues(kube, metrics, recorder)
 
     # --- triggers (called by the kopf handlers) ------------------------------
     def memory(self, key: JobKey) -> JobMemory:
@@ -86,6 +91,7 @@ class Reconciler:
 
     def job_deleted(self, key: JobKey) -> None:
         self.jobs.pop(key, None)
+        self.metrics.set_queue_workers(key[0], key[1], None, None)
         self.queue.forget(key)
         if self._phases.pop(key, None) is not None:
             self.metrics.set_phases(self._phases.values())
@@ -170,6 +176,12 @@ class Reconciler:
             return  # the garbage collector removes what the job owns
         if mem.uid != meta.get("uid"):
             mem.reset_for_new_uid(meta.get("uid", ""))
+        managed_by = str((job.get("spec") or {}).get("managedBy") or "")
+        if managed_by not in ("", MANAGED_BY_SELF):
+            if not mem.ignored:
+                mem.ignored = True
+                log.info("%s/%s: spec.managedBy is %s; leaving the job to it", ns, name, managed_by)
+            return
         try:
             spec = parse(TrainingJobSpec, job.get("spec"), "spec")
         except ValidationError as e:
@@ -186,23 +198,49 @@ class Reconciler:
         # are listed and the status written; it is awaited before any pod is created.
         prerequisites: asyncio.Future[Any] = asyncio.ensure_future(
             self.owned.ensure(mem, job, before, world=True) if active else asyncio.sleep(0))
+        slices: list[Slice] = []
+        admission: Admission | None = None
         try:
             if active:
                 gang_fields = await self.owned.ensure_gang(mem, job, spec, now)
             pods = await self._observed_pods(mem)
+            if queue_name(job):
+                slices, admission = await self.queues.observe(job)
         except BaseException:
             prerequisites.cancel()
             raise
         inputs = Inputs(job=job, spec=spec, status=mem.status, world=mem.world, pods=view_pods(pods, mem.uid),
-                        now=now, straggler=mem.verdict, progress=mem.progress)
+                        now=now, straggler=mem.verdict, progress=mem.progress, admission=admission)
         decision = decide(inputs)
         # The Service, RBAC and PDB wait for a reconcile that creates no pod:
         # on a busy API server, every job's workers come first.
-        if await self.executor.execute(mem, job, spec, decision, gang_fields, prerequisites) and active:
+        if await self.executor.execute(mem, job, spec, decision, gang_fields, prerequisites):
+            if queue_name(job):
+                await self._follow_queue(mem.key, job, spec, slices, inputs, decision)
+            if not active:
+                return
             if decision.create:
                 self.queue.add_after(mem.key, 1.0, BACKGROUND)
             else:
                 await self.owned.ensure(mem, job, after)
+
+    async def _follow_queue(self, key: JobKey, job: dict[str, Any], spec: TrainingJobSpec, slices: list[Slice],
+                            inputs: Inputs, decision: Any) -> None:
+        """Keep the job's Kueue Workloads in step with what this reconcile decided (:func:`.kueue.plan`)."""
+        status = decision.status
+        queued_now = status.phase not in FINAL_PHASES
+        self.metrics.set_queue_workers(key[0], key[1], spec.replicas.target if queued_now else None,
+                                       (status.replicas.admitted or 0) if queued_now else None)
+        holding = sum(1 for v in inputs.pods if v.owned and not (v.failed or v.succeeded))
+        final = next((c for c in status.conditions if c.type == status.phase and c.status == "True"), None)
+        template_pod = build_worker_pod(job, spec, 0, default_image=self.settings.default_image)
+        template = {"metadata": {"labels": template_pod["metadata"]["labels"]}, "spec": template_pod["spec"]}
+        actions = plan_workloads(job, spec, slices, template, phase=status.phase,
+                                 finish_reason=final.reason if final else "", finish_message=final.message if final else "",
+                                 active_pods=holding)
+        if actions:
+            await self.queues.apply(job, actions)
+            self.queue.add_after(key, 1.0)  # see what Kueue made of it, even without the Workload watch
 
     async def _observed_pods(self, mem: JobMemory) -> list[dict[str, Any]]:
         """The job's pods: kopf's pod index, corrected for our own recent writes.

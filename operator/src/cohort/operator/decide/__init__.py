@@ -5,7 +5,8 @@ membership (docs/contracts.md §3) in one readable pass, in this order:
 
 1. extra pods (the job's labels, not its owner reference) are deleted;
 2. finished jobs only clean up (and honour ``ttlSecondsAfterFinished``);
-3. suspended jobs delete their pods and publish an empty world;
+3. suspended jobs, and jobs in a Kueue queue that admits nothing now (or
+   evicted them), delete their pods and publish an empty world;
 4. ``activeDeadlineSeconds``;
 5. ``successPolicy``: the current rank 0 (or every member) exited 0 (checked
    before failures: peers of a finished rank 0 may fail on their way out);
@@ -35,6 +36,7 @@ from .decision import Decision, Departures, EventSpec, Inputs, PodRequest
 from .departures import claim, failures, lost_members
 from .finish import fail, finished, past_deadline, start, succeed, succeeded, suspend
 from .membership import publish
+from .queue import admitted, queued
 from .scale import scale
 from .status import fill_counts, progress, update_phase
 from .swaps import advance_swaps
@@ -52,7 +54,10 @@ def decide(observed: Inputs) -> Decision:
     if spec.run_policy.suspend:
         suspend(observed, decision)
         return decision
+    if queued(observed, decision):
+        return decision
     start(observed, decision)
+    admitted(observed, decision)
     if past_deadline(observed, decision):
         return decision
 

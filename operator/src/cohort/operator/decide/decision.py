@@ -8,6 +8,7 @@ from typing import Any
 
 from cohort.api.models import TrainingJobSpec, TrainingJobStatus
 
+from ..kueue import Admission
 from ..lifecycle import effective_target
 from ..observe import PodView
 from ..stragglers import Straggler
@@ -40,15 +41,29 @@ class Inputs:
     now: dt.datetime
     straggler: Straggler | None = None
     progress: dict[str, Any] | None = None
+    admission: Admission | None = None  # what Kueue admitted (None: the job is not in a queue)
 
     @property
     def generation(self) -> int:
         return int(self.job["metadata"].get("generation") or 0)
 
     @property
+    def target(self) -> int:
+        """replicas.target, within what Kueue admitted for a queued job."""
+        if self.admission is None:
+            return self.spec.replicas.target
+        return min(self.spec.replicas.target, self.admission.workers)
+
+    @property
+    def spares(self) -> int:
+        if self.admission is None:
+            return self.spec.replicas.spares
+        return min(self.spec.replicas.spares, self.admission.spares)
+
+    @property
     def effective_target(self) -> int:
-        """replicas.target rounded down to a whole number of model-parallel units (tensor x pipeline)."""
-        return effective_target(self.spec.replicas.target, self.spec.parallelism.tensor * self.spec.parallelism.pipeline)
+        """The target rounded down to a whole number of model-parallel units (tensor x pipeline)."""
+        return effective_target(self.target, self.spec.parallelism.tensor * self.spec.parallelism.pipeline)
 
 
 @dataclasses.dataclass
@@ -64,6 +79,8 @@ class Decision:
     waiting: str = ""  # why no world is formed yet, when it is not the usual "fewer than min"
     gang_holding: bool = False  # min are Ready, but a gang start holds out for the target
     replaced: dict[str, int] = dataclasses.field(default_factory=lambda: {"failure": 0, "straggler": 0})
+    placement: dict[str, Any] = dataclasses.field(default_factory=dict)  # Kueue's flavor: nodeSelector, tolerations
+    admitted_after: float | None = None  # Kueue admitted the job in this reconcile, after waiting this long (s)
 
     def event(self, reason: str, message: str, warning: bool = False) -> None:
         self.events.append(EventSpec("Warning" if warning else "Normal", reason, message))

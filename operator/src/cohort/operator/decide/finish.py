@@ -33,14 +33,16 @@ def finished(observed: Inputs, decision: Decision) -> None:
     status.replicas.spares = 0
 
 
-def suspend(observed: Inputs, decision: Decision) -> None:
-    """runPolicy.suspend: delete the workers and publish an empty world; the status stays."""
+def suspend(observed: Inputs, decision: Decision, *, reason: str = "Suspended",
+            message: str = "runPolicy.suspend is true: workers deleted", event: str = "") -> None:
+    """runPolicy.suspend, or a Kueue queue that admits nothing: delete the workers and publish
+    an empty world; the status stays. ``reason``/``message`` go to the Suspended condition."""
     status = decision.status
     active = [view for view in observed.pods if view.owned and view.active]
     if status.phase != "Suspended":
-        decision.event("Suspended", f"runPolicy.suspend is true: deleting {len(active)} workers")
+        decision.event("Suspended", event or f"runPolicy.suspend is true: deleting {len(active)} workers")
     for view in active:
-        decision.remove(view, "job suspended")
+        decision.remove(view, "job suspended" if reason == "Suspended" else f"{reason}: {message}"[:200])
     if observed.world.members or observed.world.spares:
         decision.world = World(version=observed.world.version + (1 if observed.world.members else 0),
                                reason="job suspended")
@@ -50,7 +52,7 @@ def suspend(observed: Inputs, decision: Decision) -> None:
     status.conditions = phase_conditions(status.conditions, phase="Suspended", world_size=0,
                                          target=observed.effective_target, minimum=observed.spec.replicas.min,
                                          final_reason="", final_message="", generation=observed.generation,
-                                         now=observed.now)
+                                         now=observed.now, suspended_reason=reason, suspended_message=message)
     fill_counts(observed, decision, decision.world or observed.world)
 
 
@@ -58,7 +60,10 @@ def start(observed: Inputs, decision: Decision) -> None:
     """A resumed job starts again from Pending; a job's clock starts at its first active reconcile."""
     status = decision.status
     if status.phase == "Suspended":
-        decision.event("Resumed", "runPolicy.suspend is false: recreating the workers")
+        admission = observed.admission
+        decision.event("Resumed", f"Kueue admitted {admission.workers} workers (Workload {admission.workload}): "
+                                  "creating the workers" if admission else
+                                  "runPolicy.suspend is false: recreating the workers")
         status.phase, status.start_time, status.below_min_since, status.backoff_until = "Pending", "", "", ""
     if not status.start_time:
         status.start_time = fmt_time(observed.now)

@@ -17,7 +17,7 @@ def publish(observed: Inputs, decision: Decision, world: World, ours: list[PodVi
     ready = [Member(view.name, view.uid, view.ip) for view in ours
              if view.admissible and view.name not in exclude and view.name not in status.retiring]
     minimum = gang_minimum(observed, decision, world, ready_count=len(ready))
-    new_world = next_world(world, ready, target=spec.replicas.target,
+    new_world = next_world(world, ready, target=observed.target,
                            unit=spec.parallelism.tensor * spec.parallelism.pipeline, minimum=minimum,
                            why=departures.why)
     if new_world.version != world.version:

@@ -13,13 +13,14 @@ def scale(observed: Inputs, decision: Decision, world: World, ours: list[PodView
     """Delete surplus pods (never members; not-Ready, then newest first) or create missing ones."""
     status, spec, now = decision.status, observed.spec, observed.now
     active = [view for view in ours if view.active and view.name not in decision.delete]
-    desired = spec.replicas.target + spec.replicas.spares + (1 if swap_pending else 0)
+    desired = observed.target + observed.spares + (1 if swap_pending else 0)
     if len(active) > desired:
         keep = set(world.names) | {view.name for view in active if view.replaces and swap_pending}
         victims = sorted((view for view in active if view.name not in keep), key=lambda view: (view.ready, -view.index))
         for view in victims[: len(active) - desired]:
             decision.remove(view, "scaled down")
-            decision.event("PodDeleted", f"Deleted worker {view.name}: replicas.target={spec.replicas.target}")
+            decision.event("PodDeleted", f"Deleted worker {view.name}: replicas.target={spec.replicas.target}"
+                           + (f", {observed.target} admitted by Kueue" if observed.admission else ""))
         return
     missing = desired - len(active) - len(decision.create)
     if missing <= 0 or completing:
