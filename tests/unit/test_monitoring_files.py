@@ -88,6 +88,8 @@ def test_dashboard_is_well_formed(dashboard):
     ("recoveries", {"cohort_recoveries_total"}),
     ("replacements", {"cohort_operator_replacements_total"}),
     ("checkpoint durations", {"cohort_checkpoint_seconds_sum", "cohort_checkpoint_seconds_bucket"}),
+    ("queues", {"cohort_operator_queue_workers", "cohort_operator_queue_admissions_total",
+                "cohort_operator_queue_evictions_total", "cohort_operator_queue_wait_seconds_bucket"}),
 ])
 def test_dashboard_covers(dashboard, topic, metrics):
     used = set().union(*(metric_names(e) for _, e in dashboard_exprs(dashboard)))

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -145,3 +149,34 @@ def test_runs_under_torchrun_with_its_env(tmp_path):
             if line.startswith("{") and '"training complete"' in line]
     assert len(done) == 2 and {d["rank"] for d in done} == {0, 1}
     assert done[0]["accuracy"] > 0.9
+
+
+@pytest.mark.slow
+def test_eta_at_half_way_is_within_a_quarter_of_the_time_left(tmp_path):
+    """The trainer's etaSeconds (status.progress.etaSeconds, the ETA column), read when half the steps are
+    done, against the time the second half really took: the launcher's progress lines carry it, and rank
+    0's "training complete" record says when the last step was done."""
+    m = manifest("eta", workload={"epochs": 0, "maxSteps": 3000, "evalEveryEpochs": 0,
+                                  "modelArgs": {"hidden": 1024, "depth": 2}}, checkpoint={"everySteps": 0})
+    mf = write_manifest(tmp_path / "eta.yaml", m)
+    proc = subprocess.Popen([sys.executable, "-m", "cohort.trainer.cli", "run", str(mf), "--local", "--workers",
+                             "2", "--run-dir", str(tmp_path / "run")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    half: tuple[float, int] | None = None
+    lines = []
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        lines.append(line)
+        found = re.search(r"step (\d+)/(\d+) .* eta (\d+)s", line)
+        if found and half is None and int(found[1]) >= int(found[2]) / 2:
+            half = (time.time(), int(found[3]))
+    assert proc.wait(timeout=300) == 0, "".join(lines[-30:])
+    assert half is not None, "".join(lines[-30:])
+    done = [json.loads(x) for p in (tmp_path / "run").glob("*.log") for x in p.read_text().splitlines()
+            if '"training complete"' in x and '"rank": 0' in x]
+    assert done, "no training complete record from rank 0"
+    end = dt.datetime.fromisoformat(done[0]["ts"].replace("Z", "+00:00")).timestamp()
+    left = end - half[0]
+    assert left > 5, f"the second half took {left:.1f} s: too short to judge an ETA"
+    assert abs(half[1] - left) <= 0.25 * left, f"ETA {half[1]} s at half way, {left:.1f} s really left"
+    print(f"ETA {half[1]} s at half way, {left:.1f} s really left")
