@@ -104,9 +104,11 @@ def test_replicas_elect_a_leader_and_watched_namespaces_get_roles():
     named = [r for r in lease_role["rules"] if r.get("resourceNames")]
     assert named == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["cohort"],
                       "verbs": ["get", "update"]}]
-    # Nothing cluster-wide but read access to CRDs and namespaces.
+    # Nothing cluster-wide but read access: CRDs, namespaces, and Kueue's flavors and priorities.
     (cr,) = helm.find(docs, "ClusterRole")
-    assert all(set(rule["verbs"]) <= {"list", "watch"} for rule in cr["rules"])
+    assert all(set(rule["verbs"]) <= {"get", "list", "watch"} for rule in cr["rules"])
+    assert {r for rule in cr["rules"] if "get" in rule["verbs"] for r in rule["resources"]} == {
+        "resourceflavors", "workloadpriorityclasses", "priorityclasses"}
 
 
 @pytest.mark.parametrize("enabled", [False, True])
@@ -307,6 +309,11 @@ OPERATOR_ALLOWED = [
     ("list", "customresourcedefinitions", {"group": "apiextensions.k8s.io", "namespace": ""}),
     ("update", "leases", {"group": "coordination.k8s.io", "name": "cohort"}),
     ("create", "leases", {"group": "coordination.k8s.io"}),
+    ("create", "workloads", {"group": "kueue.x-k8s.io"}), ("watch", "workloads", {"group": "kueue.x-k8s.io"}),
+    ("patch", "workloads", {"group": "kueue.x-k8s.io"}), ("delete", "workloads", {"group": "kueue.x-k8s.io"}),
+    ("patch", "workloads", {"group": "kueue.x-k8s.io", "subresource": "status"}),
+    ("get", "resourceflavors", {"group": "kueue.x-k8s.io", "namespace": ""}),
+    ("get", "workloadpriorityclasses", {"group": "kueue.x-k8s.io", "namespace": ""}),
 ]
 OPERATOR_DENIED = [
     ("get", "secrets", {}), ("list", "secrets", {}), ("watch", "secrets", {}),
@@ -329,6 +336,10 @@ OPERATOR_DENIED = [
     ("impersonate", "serviceaccounts", {}),
     ("patch", "nodes", {"namespace": ""}), ("delete", "namespaces", {"namespace": ""}),
     ("create", "customresourcedefinitions", {"group": "apiextensions.k8s.io", "namespace": ""}),
+    ("create", "clusterqueues", {"group": "kueue.x-k8s.io", "namespace": ""}),
+    ("patch", "resourceflavors", {"group": "kueue.x-k8s.io", "namespace": ""}),
+    ("update", "workloads", {"group": "kueue.x-k8s.io", "subresource": "status"}),
+    ("create", "workloads", {"group": "kueue.x-k8s.io", "namespace": "default"}),
 ]
 
 
