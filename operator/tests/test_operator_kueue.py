@@ -233,3 +233,11 @@ def test_plan_finishes_an_older_admitted_slice_that_kueue_left_admitted():
     new = parse_slice(workload("j-q2", 4, admitted=4, replaces="j-q1", asks=asks))
     assert plan(body, spec, [old, new], TEMPLATE, phase="Running", finish_reason="", finish_message="",
                 active_pods=4) == [Finish("j-q1", "WorkloadSliceReplaced", "replaced by Workload j-q2")]
+
+
+def test_plan_releases_the_workloads_of_a_job_taken_out_of_its_queue():
+    body, spec = job()
+    del body["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
+    slices = [parse_slice(workload("j-q1", 4, admitted=4))]
+    assert plan(body, spec, slices, TEMPLATE, phase="Running", finish_reason="", finish_message="",
+                active_pods=4) == [Delete("j-q1", "the job left its queue")]

@@ -283,6 +283,9 @@ def plan(job: dict[str, Any], spec: TrainingJobSpec, slices: list[Slice], templa
         # Finished releases the quota (Kueue keeps the Workload); one never admitted just goes.
         return [Finish(s.name, finish_reason or phase, finish_message or f"TrainingJob {phase}") if s.admitted
                 else Delete(s.name, f"the job {phase}") for s in alive]
+    if not queue_name(job):
+        # The queue label was removed: the job runs unqueued, and holds no quota.
+        return [Delete(s.name, "the job left its queue") for s in alive]
     if spec.run_policy.suspend:
         # A suspended job holds no quota: its Workloads go once its pods are gone.
         return [Delete(s.name, "runPolicy.suspend") for s in alive] if active_pods == 0 else []

@@ -43,13 +43,15 @@ class Queues:
         self._flavors: dict[str, tuple[float, dict[str, Any]]] = {}
         self._refused: set[tuple[str, str, int]] = set()  # (namespace, Workload, count) Kueue would not shrink to
 
-    async def observe(self, job: dict[str, Any]) -> tuple[list[Slice], Admission]:
+    async def observe(self, job: dict[str, Any]) -> tuple[list[Slice], Admission | None]:
+        """The job's Workloads, and what they admit (None: the job is in no queue, or no longer)."""
         meta = job["metadata"]
         items = await self.kube.list(WORKLOAD.path(meta["namespace"]), label_selector=label_selector(meta["name"]))
         slices = [parse_slice(w) for w in items if controller_uid(w) == meta.get("uid")]
         now = current(slices)
         flavors = {name: await self._flavor(name) for name in (now.flavors if now else ())}
-        return slices, admission_of(queue_name(job), slices, flavors)
+        queue = queue_name(job)
+        return slices, admission_of(queue, slices, flavors) if queue else None
 
     async def _priority(self, ref: dict[str, Any]) -> int | None:
         path = (f"/apis/kueue.x-k8s.io/v1beta2/workloadpriorityclasses/{ref['name']}"

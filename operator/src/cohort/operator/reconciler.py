@@ -204,7 +204,7 @@ class Reconciler:
             if active:
                 gang_fields = await self.owned.ensure_gang(mem, job, spec, now)
             pods = await self._observed_pods(mem)
-            if queue_name(job):
+            if queue_name(job) or mem.status.replicas.admitted is not None:  # queued, or was until now
                 slices, admission = await self.queues.observe(job)
         except BaseException:
             prerequisites.cancel()
@@ -215,7 +215,7 @@ class Reconciler:
         # The Service, RBAC and PDB wait for a reconcile that creates no pod:
         # on a busy API server, every job's workers come first.
         if await self.executor.execute(mem, job, spec, decision, gang_fields, prerequisites):
-            if queue_name(job):
+            if queue_name(job) or inputs.status.replicas.admitted is not None:
                 await self._follow_queue(mem.key, job, spec, slices, inputs, decision)
             if not active:
                 return
