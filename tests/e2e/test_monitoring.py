@@ -15,7 +15,8 @@ trains; once Prometheus has seen its three workers, the test deletes one. Then:
   live operator's and a live worker's /metrics;
 - through Prometheus' HTTP API: the steps move, the survivors' recoveries
   counter went up after the kill, the operator's world changes too, every
-  dashboard query runs, and the alert rules are loaded and evaluate.
+  dashboard query runs, the alert rules are loaded and evaluate, and the
+  "job failed" alert fires for a job that failed.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from kubernetes.client.rest import ApiException
 
 from tests.support import helm
 from tests.support.kube import Cluster, wait_for
-from tests.support.operator import kubectl, world
+from tests.support.operator import KWOK_TOLERATION, kubectl, wait_phase, world
 from tests.support.prometheus import (
     Prometheus,
     dashboard_exprs,
@@ -242,3 +243,23 @@ def test_rendered_alert_rules_pass_promtool(tmp_path):
     path.write_text(yaml.safe_dump(helm.find(docs, "PrometheusRule")[0]["spec"]))
     proc = helm.run([promtool(), "check", "rules", str(path)], check=False)
     assert proc.returncode == 0 and "SUCCESS: 4 rules found" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_the_job_failed_alert_fires_on_a_failed_job(scenario, cluster):
+    prom, ns = scenario["prom"], scenario["ns"]
+
+    def alerts(state: str) -> list[dict]:
+        return [a for a in prom.get("/api/v1/alerts")["alerts"] if a["labels"]["alertname"] ==
+                "CohortTrainingJobFailed" and a["labels"].get("namespace") == ns and a["state"] == state]
+    assert not alerts("pending") and not alerts("firing")  # no job of this namespace has failed yet
+    doomed = _job(ns)
+    doomed["metadata"]["name"] = "doomed"
+    doomed["spec"]["runPolicy"] = {"activeDeadlineSeconds": 1}  # fails with DeadlineExceeded at once
+    doomed["spec"]["scheduling"] = {"nodeSelector": {"type": "kwok"}, "tolerations": [KWOK_TOLERATION]}
+    cluster.create_job(ns, doomed)
+    wait_phase(cluster, ns, "doomed", "Failed", 60)
+    # The rule holds for 1 minute before it fires; Prometheus evaluates it every scrape interval.
+    firing = wait_for(lambda: alerts("firing"), 90 + 5 * prom.scrape_interval_s(), 2,
+                      what="CohortTrainingJobFailed firing")
+    assert float(firing[0]["value"]) == 1.0, firing
+    assert firing[0]["labels"]["severity"] == "warning"

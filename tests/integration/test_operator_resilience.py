@@ -138,6 +138,25 @@ def test_two_replicas_elect_one_leader_and_fail_over(cluster, namespace, tmp_pat
         second.stop()
 
 
+def operator_metric(operator, series: str) -> float:
+    for line in operator.metrics().splitlines():
+        if line.rsplit(" ", 1)[0] == series:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{series} missing from /metrics")
+
+
+def test_a_write_the_api_server_refuses_counts_as_a_reconcile_error(cluster, namespace, operator):
+    # A ResourceQuota of zero pods: every pod creation is refused (403), and the operator retries.
+    errors = 'cohort_operator_errors_total{where="reconcile"}'
+    assert operator_metric(operator, errors) == 0
+    cluster.core.create_namespaced_resource_quota(namespace, {"metadata": {"name": "no-pods"},
+                                                              "spec": {"hard": {"pods": "0"}}})
+    cluster.create_job(namespace, job_manifest("refused"))
+    wait_for(lambda: operator_metric(operator, errors) >= 2, 20, what="reconcile errors counted (and retried)")
+    assert "exceeded quota" in operator.log_tail(), operator.log_tail()
+    assert pod_names(cluster, namespace, "refused") == []
+
+
 def test_metrics_and_health_endpoints(cluster, namespace, operator):
     cluster.create_job(namespace, job_manifest("obs"))
     wait_phase(cluster, namespace, "obs", "Running")
@@ -145,10 +164,7 @@ def test_metrics_and_health_endpoints(cluster, namespace, operator):
     wait_for(lambda: "obs-worker-2" in pod_names(cluster, namespace, "obs"), 15, what="replacement")
 
     def metric(series: str) -> float:
-        for line in operator.metrics().splitlines():
-            if line.rsplit(" ", 1)[0] == series:
-                return float(line.rsplit(" ", 1)[1])
-        raise AssertionError(f"{series} missing from /metrics")
+        return operator_metric(operator, series)
 
     assert wait_for(lambda: metric('cohort_operator_jobs{phase="Running"}') == 1.0, 15, what="jobs gauge")
     assert metric("cohort_operator_pods_created_total") >= 3
@@ -156,7 +172,6 @@ def test_metrics_and_health_endpoints(cluster, namespace, operator):
     assert metric('cohort_operator_replacements_total{reason="failure"}') == 1
     assert metric("cohort_operator_world_changes_total") >= 2
     assert metric("cohort_operator_reconcile_seconds_count") > 0
-    assert metric('cohort_operator_errors_total{where="reconcile"}') >= 0
     with urllib.request.urlopen(f"http://127.0.0.1:{operator.health_port}/healthz", timeout=2) as r:
         assert r.status == 200
     with urllib.request.urlopen(f"http://127.0.0.1:{operator.health_port}/readyz", timeout=2) as r:
