@@ -64,6 +64,14 @@ YAML
   # Server-side: Kueue's CRDs are larger than client-side apply's annotation allows.
   "$py" "$HACK_DIR/kueue_manifests.py" crds "$KUEUE_DIR/config" "https://127.0.0.1:$WEBHOOK_PORT" "$PKI/ca.crt" \
     | "${KUBECTL[@]}" apply --server-side --force-conflicts --field-manager cohort-hack -f - >/dev/null
+  # Kueue maps its kinds once at start-up: on a new cluster its CRDs must be served before it starts.
+  "${KUBECTL[@]}" wait --for=condition=Established --timeout=60s \
+    $("${KUBECTL[@]}" get crd -o name | grep '\.kueue\.x-k8s\.io$') >/dev/null
+  local i
+  for ((i = 0; i < 150; i++)); do
+    "${KUBECTL[@]}" get --raw /apis/kueue.x-k8s.io/v1beta2 2>/dev/null | grep -q '"name":"workloads"' && break
+    sleep 0.2
+  done
   "$py" "$HACK_DIR/kueue_manifests.py" webhooks "$KUEUE_DIR/config" "https://127.0.0.1:$WEBHOOK_PORT" "$PKI/ca.crt" \
     | "${KUBECTL[@]}" apply --server-side --force-conflicts --field-manager cohort-hack -f - >/dev/null
   cat > "$STATE/config.yaml" <<YAML
