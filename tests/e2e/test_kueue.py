@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.kube import condition, wait_for
 from tests.support.kueue import kueue, queue, queued  # noqa: F401  (fixtures)
-from tests.support.operator import job_manifest, pod_names, terminate, wait_phase, world
+from tests.support.operator import job_manifest, pods, terminate, wait_phase, world
 from tests.support.training import create, explained, progress, training_job, wait_finished, wait_step, worker_records
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -36,11 +36,16 @@ def test_preempted_job_checkpoints_requeues_and_resumes_without_going_back(
     cluster.create_job(namespace, preemptor)
     job = wait_phase(cluster, namespace, "train", "Suspended", 60)
     assert condition(job, "Suspended")["reason"] == "Preempted", condition(job, "Suspended")
-    wait_for(lambda: pod_names(cluster, namespace, "train") == [], 60, what="the preempted job's pods gone")
+    # Gone, not only being deleted: their last log lines (the checkpoint) are written by then.
+    wait_for(lambda: not pods(cluster, namespace, "train", live=False), 90, what="the preempted job's pods gone")
     wait_phase(cluster, namespace, "urgent", "Running", 30)
+
+    def saved_records() -> list[dict]:
+        return [r for r in worker_records(namespace, "train") if r.get("msg") == "checkpointed on leaving"]
+    with explained(cluster, namespace, "train"):
+        saved = wait_for(saved_records, 20, 0.5, what="rank 0's checkpoint on leaving in the worker logs")
     records = worker_records(namespace, "train")
-    saved = [r for r in records if r.get("msg") == "checkpointed on leaving"]
-    assert len(saved) == 1, [r.get("msg") for r in records][-20:]
+    assert len(saved) == 1, saved
     reached = max(r["step"] for r in records if r.get("msg") in ("left world", "stopped by SIGTERM"))
     assert saved[0]["step"] == reached  # nothing trained before the eviction is lost
     assert saved[0]["step"] >= 150

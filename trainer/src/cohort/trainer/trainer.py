@@ -157,6 +157,9 @@ class Trainer:
             except RuntimeError as e:  # a collective failed: a peer died or left
                 if self.static or not self._newer_world_arrives(world, e):
                     raise
+                if self._excluded():
+                    # The step in flight failed before the optimizer ran: the state is the last whole step.
+                    self._checkpoint_on_stop()
             self._leave()
         return self._finish()
 
@@ -296,8 +299,7 @@ class Trainer:
                 self._checkpoint_on_stop()
                 raise Terminated()
             if not self.static and self._latest_version() != world.version:
-                latest = self.worlds.latest
-                if latest is not None and latest.rank_of(self.pod) is None:
+                if self._excluded():
                     self._checkpoint_on_stop()  # a world without this worker: it is leaving for good
                 raise WorldChanged()
             if self.sampler.epoch_done(size):
@@ -466,9 +468,14 @@ class Trainer:
         self.ckpt.save(self.state.step, self.state.checkpoint_state(), meta, coordinator=self.rank == 0,
                        sharded=not self.plan.replicated, group=self.plan.checkpoint_group)
 
+    def _excluded(self) -> bool:
+        """The newest world leaves this worker out (suspend, eviction, scale-down, replacement)."""
+        latest = self.worlds.latest
+        return latest is not None and latest.rank_of(self.pod) is None
+
     def _checkpoint_on_stop(self) -> None:
         """Leaving for good between steps (SIGTERM, or a world without this worker: suspend, a Kueue
-        eviction): rank 0 of a replicated plan holds the whole state and saves it alone, so nothing
+        eviction; also when a peer left first and the step in flight failed): rank 0 of a replicated plan holds the whole state and saves it alone, so nothing
         since the last checkpoint is lost when no worker stays. Sharded plans would need every rank in a
         collective save while the pods are going away: they keep their newest periodic checkpoint."""
         if self.plan is None or not self.plan.replicated or self.rank != 0:
