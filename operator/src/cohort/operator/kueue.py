@@ -57,6 +57,11 @@ def queue_name(job: Mapping[str, Any]) -> str:
     return str(((job.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL) or "")
 
 
+def priority_name(job: Mapping[str, Any]) -> str:
+    """The job's WorkloadPriorityClass (empty: none named by label)."""
+    return str(((job.get("metadata") or {}).get("labels") or {}).get(PRIORITY_LABEL) or "")
+
+
 def workload_name(job_name: str, ordinal: int) -> str:
     return f"{job_name}-q{ordinal}"
 
@@ -212,7 +217,7 @@ def build_workload(job: dict[str, Any], spec: TrainingJobSpec, template: Mapping
     """
     meta = job["metadata"]
     queue = queue_name(job)
-    priority = str((meta.get("labels") or {}).get(PRIORITY_LABEL) or "")
+    priority = priority_name(job)
     pod_sets: list[dict[str, Any]] = [{"name": WORKERS, "count": workers, "template": dict(template)}]
     if min_workers < workers:
         pod_sets[0]["minCount"] = min_workers
@@ -292,8 +297,7 @@ def plan(job: dict[str, Any], spec: TrainingJobSpec, slices: list[Slice], templa
     now = current(slices)
     target, spares = spec.replicas.target, spec.replicas.spares
     queue = queue_name(job)
-    priority = str(((job.get("metadata") or {}).get("labels") or {}).get(PRIORITY_LABEL) or "")
-    want = asks(queue, priority, target, spec.replicas.min, spares, template)
+    want = asks(queue, priority_name(job), target, spec.replicas.min, spares, template)
     next_ordinal = max((s.ordinal for s in slices), default=0) + 1
     pending = [s for s in alive if not s.admitted]
     if now is not None and now.evicted:

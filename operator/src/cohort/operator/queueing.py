@@ -11,6 +11,7 @@ from .events import EventRecorder
 from .kubeapi import ApiError, Kube
 from .kueue import (
     FLAVORS_PATH,
+    REPLACES_ANNOTATION,
     WORKERS,
     WORKLOAD,
     Action,
@@ -85,7 +86,7 @@ class Queues:
                     workers = spec["podSets"][0]
                     asked = f"{workers['count']} workers" + (f" (at least {workers['minCount']})"
                                                            if "minCount" in workers else "")
-                    grow = a.manifest["metadata"]["annotations"].get("kueue.x-k8s.io/workload-slice-replacement-for")
+                    grow = a.manifest["metadata"]["annotations"].get(REPLACES_ANNOTATION)
                     self.recorder.emit(job, "Normal", "WorkloadCreated",
                                        f"Kueue Workload {a.manifest['metadata']['name']} asks queue "
                                        f"{spec['queueName']} for {asked}" + (f", to replace {grow}" if grow else ""))
