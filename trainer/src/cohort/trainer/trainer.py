@@ -38,6 +38,7 @@ from .runtime.world import StaticWorld, World, world_source_from_env
 from .sampler import ElasticSampler
 from .state import TrainState
 from .sync.base import CommStats
+from .timing import StepClock
 from .workloads.workload import build_workload, summarize
 
 log = logmod.get_logger(__name__)
@@ -136,7 +137,8 @@ class Trainer:
         self.loss_ema: float | None = None
         self.sps_ema: float | None = None
         self.eval_result: dict[str, float] = {}
-        self.step_walls: list[float] = []
+        self.clock = StepClock()
+        self.last_wall = 0.0
         self._progress_at = 0.0
         self.t_start = time.monotonic()
         self.metrics.info.labels(cfg.name, self.spec.parallelism.strategy, self.spec.sync.algorithm,
@@ -294,6 +296,7 @@ class Trainer:
         assert self.plan is not None
         size = self.plan.dp_size
         self.metrics.update_progress(state="training", worldVersion=world.version, rank=self.rank)
+        self.clock.restart()
         while not self._done():
             if STOP_REQUESTED.is_set():
                 self._checkpoint_on_stop()
@@ -307,6 +310,7 @@ class Trainer:
                 continue
             self._step(size)
             self._maybe_checkpoint()
+            self.clock.record(self.last_wall)
 
     def _step(self, size: int) -> None:
         assert self.plan is not None
@@ -366,7 +370,7 @@ class Trainer:
         m.epoch.set(self.sampler.epoch)
         m.steps.inc()
         m.step_seconds.observe(wall)
-        self.step_walls.append(wall)
+        self.last_wall = wall
         m.compute_seconds.observe(max(compute, 0.0))
         m.comm_seconds.observe(max(comm, 0.0))
         sps = self.sampler.global_batch(size) / max(wall, 1e-9)
@@ -494,7 +498,7 @@ class Trainer:
                    **self.eval_result, "samplesPerSecond": self.sps_ema,
                    "worldVersion": self.world.version if self.world else 0, "checkpoints": self.ckpt.committed,
                    "seconds": round(time.monotonic() - self.t_start, 3), "rank": self.rank,
-                   "stepSecondsMedian": _median(self.step_walls[10:] or self.step_walls),
+                   "stepSecondsMedian": self.clock.step_median(), "loopSecondsMean": self.clock.loop_mean(),
                    "plan": self.plan.describe() if self.plan else ""}
         self.metrics.update_progress(state="done", **{k: v for k, v in summary.items() if k != "seconds"})
         log.info("training complete", extra=summary)
@@ -502,10 +506,6 @@ class Trainer:
         if dist.is_initialized():
             dist.destroy_process_group()
         return summary
-
-
-def _median(values: list[float]) -> float | None:
-    return sorted(values)[len(values) // 2] if values else None
 
 
 def _write_termination_message(summary: dict[str, Any]) -> None:

@@ -1,0 +1,45 @@
+"""The loop's own clock: what one training step costs, from the end of one step to the end of the next.
+
+``Trainer._step`` times forward, backward and the update (``cohort_step_seconds``).
+A user pays for the whole loop: the stop and membership checks, the sampler,
+metrics and progress, the checkpoint decision. ``StepClock`` times that, step
+to step, for the summary's ``stepSecondsMedian`` (the step alone) and
+``loopSecondsMean`` (the whole loop), which bench/trainer_overhead.py compares
+with a bare DDP loop timed the same way. Memory is bounded: only the newest
+``keep`` values are held.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+
+
+class StepClock:
+    def __init__(self, warmup: int = 10, keep: int = 4096):
+        self.warmup = warmup
+        self.seen = 0
+        self.walls: deque[float] = deque(maxlen=keep)
+        self.loops: deque[float] = deque(maxlen=keep)
+        self._last_end: float | None = None
+
+    def restart(self) -> None:
+        """A new world: the gap since the last step is recovery, not a step."""
+        self._last_end = None
+
+    def record(self, wall: float, end: float | None = None) -> None:
+        """One step done: ``wall`` its own time; ``end`` when its loop iteration ended (now if None)."""
+        end = time.perf_counter() if end is None else end
+        self.seen += 1
+        if self.seen > self.warmup:
+            self.walls.append(wall)
+            if self._last_end is not None:
+                self.loops.append(end - self._last_end)
+        self._last_end = end
+
+    def step_median(self) -> float | None:
+        return statistics.median(self.walls) if self.walls else None
+
+    def loop_mean(self) -> float | None:
+        return statistics.fmean(self.loops) if self.loops else None

@@ -1,0 +1,27 @@
+"""StepClock: the loop's step-to-step time, warm-up and recovery gaps left out."""
+
+from __future__ import annotations
+
+import pytest
+
+from cohort.trainer.timing import StepClock
+
+
+def test_loop_time_is_end_to_end_and_excludes_warm_up_and_the_gap_of_a_new_world():
+    clock = StepClock(warmup=2)
+    ends = [0.0, 5.0, 6.0, 6.5, 7.0]  # steps 1-2 are warm-up; 5 s before step 2 is start-up
+    for i, end in enumerate(ends):
+        clock.record(wall=0.1 * (i + 1), end=end)
+    clock.restart()  # a new world: the 100 s until the next step are recovery, not a step
+    clock.record(wall=0.9, end=107.0)
+    clock.record(wall=0.2, end=107.25)
+    assert list(clock.loops) == [1.0, 0.5, 0.5, 0.25]   # 6.0-5.0, 6.5-6.0, 7.0-6.5, 107.25-107.0
+    assert clock.loop_mean() == pytest.approx(0.5625)
+    assert clock.step_median() == pytest.approx(0.4)      # walls of steps 3..7: 0.3 0.4 0.5 0.9 0.2
+
+
+def test_memory_is_bounded():
+    clock = StepClock(warmup=0, keep=8)
+    for i in range(1000):
+        clock.record(wall=1.0, end=float(i))
+    assert len(clock.walls) == 8 and len(clock.loops) == 8
