@@ -8,12 +8,18 @@
 2. Prints the allreduce fit: per P (α, β and error of a straight line), and
    each allreduce model of Ben-Nun & Hoefler §2.4 fitted jointly over P, best
    first: the one whose P-dependence matches the backend's curve.
-3. Runs every plan the planner enumerates for the model on ``--ranks`` local
-   ranks (same model, same global batch, real Cohort plans: DDP, FSDP2, DTensor
-   TP, pipelining), measures the median step time, and prints predicted
-   against measured, the Spearman rank correlation (target >= 0.8) and whether
-   the planner's first choice is within 15% of the best measured plan. The
-   baseline row is data parallelism (DDP) on all ranks.
+3. Runs every feasible plan the planner enumerates for the model on ``--ranks``
+   local ranks (same model, same global batch, real Cohort plans: DDP, FSDP2,
+   DTensor TP, pipelining; ``--max-plans N`` measures a seeded random sample of
+   N instead, always with the planner's choice and DDP), measures the median
+   step time, and prints predicted against measured, the Spearman rank
+   correlation with a bootstrap 95 % interval over the plans (target >= 0.8)
+   and whether the planner's first choice is within 15% of the best measured
+   plan. The baseline row is data parallelism (DDP) on all ranks.
+
+The evaluated model's block (default dim 192, 6 heads) is not the block whose
+throughput the calibration times (``calibrate.BLOCK``: dim 256, 4 heads): the
+planner has to carry its table to a shape it did not see.
 
 ``--nccl`` runs only the allreduce part on the GPUs of this machine.
 """
@@ -22,7 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
+import random
 import statistics
 import sys
 import time
@@ -30,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from bench.stats import bootstrap, host, spearman  # noqa: E402
 
 
 def _spec(args: argparse.Namespace) -> Any:
@@ -104,26 +112,6 @@ def measure_plans(args: argparse.Namespace, plans: list) -> list[float]:
     return out.get()
 
 
-def spearman(a: list[float], b: list[float]) -> float:
-    def ranks(xs: list[float]) -> list[float]:
-        order = sorted(range(len(xs)), key=lambda i: xs[i])
-        r = [0.0] * len(xs)
-        i = 0
-        while i < len(order):  # average ranks over ties
-            j = i
-            while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2
-            i = j + 1
-        return r
-
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = statistics.mean(ra), statistics.mean(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb, strict=True))
-    return cov / math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
-
-
 def allreduce_tables(samples: list[tuple]) -> str:
     from cohort.trainer.planner.collectives import fit_all
 
@@ -187,11 +175,12 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3, help="round-robin passes over the plans")
     p.add_argument("--steps", type=int, default=4, help="timed steps per plan per round")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps per plan per round")
-    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--dim", type=int, default=192)
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--heads", type=int, default=6)
     p.add_argument("--batch", type=int, default=32, help="global batch (every plan trains the same one)")
-    p.add_argument("--max-plans", type=int, default=12)
+    p.add_argument("--max-plans", type=int, default=0, help="measure a random sample of this many plans (0: all)")
+    p.add_argument("--seed", type=int, default=0, help="the sample's and the bootstrap's seed")
     p.add_argument("--nccl", action="store_true", help="only the allreduce fit, on this machine's GPUs (NCCL)")
     args = p.parse_args()
 
@@ -201,6 +190,7 @@ def main() -> int:
     from cohort.trainer.workloads.workload import build_workload
 
     print(f"# bench/planner.py {' '.join(sys.argv[1:])}".rstrip())
+    print(f"started {host()}")
     t0 = time.time()
     if args.nccl:
         return nccl_report(calibrate)
@@ -220,7 +210,9 @@ def main() -> int:
     print("| collective | P | a (µs) | b (ns/B) |\n|---|---:|---:|---:|")
     for op, p_, a, b in hw.lines:
         print(f"| {op} | {p_} | {a * 1e6:.1f} | {b * 1e9:.3f} |")
-    print("\nTransformer block (dim 256) forward+backward against its FLOPs:\n")
+    b = calibrate.BLOCK
+    print(f"\nTransformer block (calibration shape: dim {b['dim']}, {b['n_heads']} heads, ffn x{b['ffn_mult']}, "
+          f"seq {b['seq']}) forward+backward against its FLOPs:\n")
     print("| GFLOP per call | ms | GFLOP/s |\n|---:|---:|---:|")
     for f, t in hw.block_table:
         print(f"| {f / 1e9:.3f} | {t * 1e3:.2f} | {f / t / 1e9:.1f} |")
@@ -229,8 +221,20 @@ def main() -> int:
     model = build_workload(spec).model
     profile = profile_model(model)
     ranked = [c for c in rank_plans(args.ranks, profile, hw, args.batch, "adamw") if not c.rejected]
-    chosen = ranked[: args.max_plans]
-    print(f"\n## Plans for {profile.name}, global batch {args.batch}, {args.ranks} ranks\n")
+    chosen = ranked
+    sampled = ""
+    if 0 < args.max_plans < len(ranked):
+        keep = {0} | {i for i, c in enumerate(ranked) if c.dims.dp_mode == "ddp" and c.dims.dp == args.ranks}
+        rest = [i for i in range(len(ranked)) if i not in keep]
+        keep |= set(random.Random(args.seed).sample(rest, max(0, args.max_plans - len(keep))))
+        chosen = [ranked[i] for i in sorted(keep)]
+        sampled = f" (a random sample, seed {args.seed}, of the {len(ranked)} feasible plans)"
+    same = (args.dim, args.heads) == (b["dim"], b["n_heads"])
+    print(f"\n## Plans for {profile.name} (dim {args.dim}, {args.heads} heads, {args.layers} layers), global batch "
+          f"{args.batch}, {args.ranks} ranks: {len(chosen)} of {len(ranked)} feasible plans{sampled}\n")
+    if same:
+        print("**Note: the evaluated block has the calibration's shape; the correlation below flatters the "
+              "planner.**\n")
     print("Planner's ranking (predicted, this machine's calibration):\n")
     print("```\n" + format_table(chosen) + "\n```")
     measured = measure_plans(args, [c.dims for c in chosen])
@@ -244,14 +248,18 @@ def main() -> int:
     for i, (c, m) in enumerate(zip(chosen, measured, strict=True)):
         print(f"| {i + 1} | {c.dims.describe()} | {c.time.total * 1e3:.1f} | {m * 1e3:.1f} | "
               f"{order.index(i) + 1} | {m / baseline:.2f}x |")
-    rho = spearman([c.time.total for c in chosen], measured)
+    predicted = [c.time.total for c in chosen]
+    rho = spearman(predicted, measured)
+    low, high = bootstrap(lambda idx: spearman([predicted[i] for i in idx], [measured[i] for i in idx]),
+                          len(chosen), seed=args.seed)
     best = min(measured)
     top = measured[0]
-    print(f"\nSpearman rank correlation (predicted vs measured, {len(chosen)} plans): {rho:.3f} (target >= 0.8)")
+    print(f"\nSpearman rank correlation (predicted vs measured, {len(chosen)} plans): {rho:.3f}, bootstrap 95 % "
+          f"interval over the plans [{low:.3f}, {high:.3f}] (2000 resamples; target >= 0.8)")
     print(f"Planner's choice ({chosen[0].dims.describe()}) measured {top * 1e3:.1f} ms; best measured "
           f"{chosen[order[0]].dims.describe()} {best * 1e3:.1f} ms: {top / best - 1:+.1%} "
           f"({'within' if top <= 1.15 * best else 'NOT within'} 15%)")
-    print(f"\n(total {time.time() - t0:.0f} s)")
+    print(f"\n(total {time.time() - t0:.0f} s; ended {host()})")
     return 0
 
 

@@ -35,6 +35,7 @@ from .runtime.process_group import exit_process
 
 SIZES = tuple(4 ** k * 1024 for k in range(0, 7))  # 1 KiB .. 4 MiB, then 16 MiB below
 MATMUL = (256, 256, 1024)                           # tokens x dim @ dim x ffn: a block's biggest matmul
+BLOCK = {"dim": 256, "n_heads": 4, "ffn_mult": 4, "seq": 32}  # the transformer block the throughput table times
 
 
 def free_port() -> int:
@@ -211,18 +212,19 @@ def _overhead_worker(rank: int, port: int, out: Any) -> None:
 
     per_microbatch = (pipeline_step(8) - pipeline_step(1)) / 7 - _time_steps(fwd_bwd(model(2)))
 
-    # A real block (dim 256) at growing batch: seconds per forward+backward against its FLOPs. Small
+    # A real block (BLOCK: dim 256) at growing batch: seconds per forward+backward against its FLOPs. Small
     # calls run far below matmul peak (fixed costs, elementwise ops, small matrices); the planner
     # interpolates this table at each plan's per-call FLOPs (microbatch size, tp split).
     from .planner.profile import transformer_profile
     from .workloads.models import Block
 
     torch.manual_seed(0)
-    block, seq = Block(256, 4, 4), 32
-    per_sample = 3 * transformer_profile(256, 1, 4, 4, 64, seq).block_flops
+    dim, heads, ffn, seq = BLOCK["dim"], BLOCK["n_heads"], BLOCK["ffn_mult"], BLOCK["seq"]
+    block = Block(dim, heads, ffn)
+    per_sample = 3 * transformer_profile(dim, 1, heads, ffn, 64, seq).block_flops
     table = []
     for batch in (1, 2, 4, 8, 16, 32, 64):
-        h = torch.randn(batch, seq, 256, requires_grad=True)
+        h = torch.randn(batch, seq, dim, requires_grad=True)
         table.append((per_sample * batch, _time_steps(lambda h=h: block(h).sum().backward(), reps=7)))
     out.put({"block_table": tuple(table), "layer_overhead_s": max(plain, 0.0), "tp_layer_overhead_s": max(tp, 0.0),
              "fsdp_unit_overhead_s": max(fsdp_unit, 0.0), "microbatch_overhead_s": max(per_microbatch, 0.0)})
