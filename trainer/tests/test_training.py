@@ -78,6 +78,19 @@ def test_resume_at_a_smaller_world_meets_the_target(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_ready_spare_is_promoted_in_the_world_that_drops_the_killed_worker(tmp_path):
+    m = manifest("spare", replicas={"spares": 1}, workload={"epochs": 12})
+    s = run_local(tmp_path, m, workers=4, env={"COHORT_FAULT_KILL": "rank=2,step=60"})
+    assert s["step"] == 132, s  # trained to the end: 12 epochs x 11 steps of 4 x 32 samples
+    assert [w["size"] for w in s["worlds"]][:2] == [4, 4], s["worlds"]
+    assert "spare spare-worker-4 promoted" in s["worlds"][1]["reason"], s["worlds"]
+    spare = [json.loads(line) for line in (tmp_path / "run/spare-worker-4.log").read_text().splitlines()
+             if '"joined world"' in line]
+    assert spare[0]["world_version"] == 2 and spare[0]["size"] == 4
+    assert spare[0]["step"] == 60 and spare[0]["source"] == "peer", spare  # state from the survivors: 0 lost
+
+
+@pytest.mark.slow
 def test_worker_killed_mid_training_recovers_in_place_without_lost_steps(tmp_path):
     s = run_local(tmp_path, manifest("inplace"), workers=4, env={"COHORT_FAULT_KILL": "rank=2,step=100"})
     assert s["accuracy"] >= 0.96, s

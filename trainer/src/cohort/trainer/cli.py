@@ -80,7 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _fail(str(e))
     try:
         summary = run_local(cfg, workers, checkpoint_dir=args.checkpoint_dir, run_dir=args.run_dir,
-                            replace_failed=not args.no_replace)
+                            replace_failed=not args.no_replace, spares=args.spares)
     except RuntimeError as e:
         return _fail(str(e))
     _print_summary(summary)
@@ -188,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--checkpoint-dir", help="local directory for checkpoints (default: in the run dir)")
     r.add_argument("--run-dir", help="directory for the config, world file and worker logs")
     r.add_argument("--no-replace", action="store_true", help="do not start replacements for failed workers")
+    r.add_argument("--spares", type=int, default=None,
+                   help="ready workers held outside the world, promoted when one fails (default: replicas.spares)")
     r.add_argument("--summary-json", help="also write the final summary here")
     r.set_defaults(fn=cmd_run)
     v = sub.add_parser("validate", help="check a manifest (defaults and bounds as the API server applies them)")

@@ -4,9 +4,11 @@ The launcher plays the operator's part on one machine: it renders the job
 config, starts N worker processes (each on its own loopback IP, as pods have
 their own IPs), and is the membership authority: it writes the world file the
 workers follow (docs/contracts.md §3). When a worker dies it publishes a new
-world without it at once (the survivors recover in place), and, unless told
-not to, starts a replacement that joins when ready. It shows live progress and
-ends with a summary.
+world without it at once (the survivors recover in place), with a ready spare
+in its place if it holds one (``replicas.spares``, as the operator does), and,
+unless told not to, starts a replacement that joins (or waits as a spare) when
+ready. It shows live progress and ends with a summary, which lists when each
+world was published (``worlds``: wall-clock times, for benchmarks).
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class LocalRun:
     checkpoint_dir: Path
     replace_failed: bool = True
     max_restarts: int | None = None
+    spares: int | None = None
+    """Ready workers held outside the world, promoted when a member fails (default: replicas.spares)."""
     out: TextIO = sys.stderr
     extra_env: dict[str, str] = field(default_factory=dict)
     progress_interval_s: float = 1.0
@@ -64,7 +68,10 @@ class LocalRun:
         self.next_index = 0
         self.restarts = 0
         self.recoveries: list[dict[str, Any]] = []
+        self.published: list[dict[str, Any]] = []
         self.t0 = time.monotonic()
+        if self.spares is None:
+            self.spares = self.cfg.spec.replicas.spares
 
     # --- processes -----------------------------------------------------------------
     def _spawn(self) -> Worker:
@@ -96,15 +103,22 @@ class LocalRun:
             pass
         return w.ready
 
+    def _waiting(self) -> list[Worker]:
+        """Started, alive and not members: spares once ready."""
+        return [w for w in self.pool if w not in self.members and w.exit_code is None and w.proc.poll() is None]
+
     def _publish(self, reason: str) -> None:
         self.version += 1
+        spares = [w for w in self._waiting() if w.ready]
         doc = {"version": self.version,
                "members": [{"rank": r, "pod": w.name, "ip": w.ip} for r, w in enumerate(self.members)],
                "master": {"addr": self.members[0].ip if self.members else "", "port": self.cfg.rendezvous_port},
-               "spares": [], "reason": reason}
+               "spares": [{"pod": w.name, "ip": w.ip} for w in spares], "reason": reason}
         tmp = self.world_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc))
         tmp.replace(self.world_path)
+        self.published.append({"version": self.version, "size": len(self.members), "t": time.time(),
+                               "reason": reason})
 
     def _progress(self) -> dict[str, Any] | None:
         if not self.members:
@@ -132,7 +146,7 @@ class LocalRun:
     def run(self) -> dict[str, Any]:
         max_restarts = self.cfg.spec.fault_tolerance.max_restarts if self.max_restarts is None else self.max_restarts
         self._say(f"starting {self.workers} workers for {self.cfg.name} (logs: {self.run_dir})")
-        for _ in range(self.workers):
+        for _ in range(self.workers + (self.spares or 0)):
             self._spawn()
         last_print = 0.0
         try:
@@ -143,9 +157,13 @@ class LocalRun:
                     self.members = [w for w in self.members if w not in failed]
                     names = ", ".join(w.name for w in failed)
                     self.recoveries.append({"t": time.monotonic() - self.t0, "failed": names})
+                    promoted = [w for w in self._waiting() if self._is_ready(w)][:len(failed)]
+                    self.members += promoted
                     if self.members:
-                        self._publish(f"worker {names} failed")
-                        self._say(f"worker {names} failed; world v{self.version} has {len(self.members)} ranks")
+                        self._publish(f"worker {names} failed" + (
+                            f"; spare {', '.join(w.name for w in promoted)} promoted" if promoted else ""))
+                        self._say(f"worker {names} failed; world v{self.version} has {len(self.members)} ranks"
+                                  + (f" ({len(promoted)} spare promoted)" if promoted else ""))
                     for w in failed:
                         self._say("  last log lines:\n" + _tail(w.log_path, 5))
                     if self.replace_failed:
@@ -174,14 +192,15 @@ class LocalRun:
                 w.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
 
     def _admit_ready(self) -> None:
-        waiting = [w for w in self.pool if w not in self.members and w.exit_code is None and w.proc.poll() is None]
+        waiting = self._waiting()
         ready = [w for w in waiting if self._is_ready(w)]
-        if not ready:
-            return
+        if not ready or len(self.members) >= self.workers:
+            return  # the ready ones wait as spares
         if self.version == 0 and len(ready) < len(waiting) and time.monotonic() - self.t0 < 120:
             return  # at start, admit everyone together so the first world is the full world
-        self.members += ready
-        self._publish("admitted " + ", ".join(w.name for w in ready))
+        admitted = ready[:self.workers - len(self.members)]
+        self.members += admitted
+        self._publish("admitted " + ", ".join(w.name for w in admitted))
 
     def _reap(self) -> list[Worker]:
         failed = []
@@ -212,7 +231,8 @@ class LocalRun:
         except (OSError, ValueError):
             summary = {}
         summary.update({"wallSeconds": round(time.monotonic() - self.t0, 2), "restarts": self.restarts,
-                        "worldVersions": self.version, "checkpointDir": str(self.checkpoint_dir),
+                        "worldVersions": self.version, "worlds": self.published,
+                        "checkpointDir": str(self.checkpoint_dir),
                         "runDir": str(self.run_dir)})
         return summary
 

@@ -139,6 +139,7 @@ class Trainer:
         self.eval_result: dict[str, float] = {}
         self.clock = StepClock()
         self.last_wall = 0.0
+        self.first_step_pending = False
         self._progress_at = 0.0
         self.t_start = time.monotonic()
         self.metrics.info.labels(cfg.name, self.spec.parallelism.strategy, self.spec.sync.algorithm,
@@ -195,6 +196,7 @@ class Trainer:
             dist.init_process_group("gloo") if not dist.is_initialized() else None
         else:
             self.rdzv.join(world, rank, is_newer=lambda: self._latest_version() > world.version)
+        log.info("process group formed", extra={"size": world.size, "t": time.time()})
         self.plan = PARALLELISMS[self.spec.parallelism.strategy](
             PlanContext(self.spec, rank, world.size, self.stats, model=self.pristine))
         self.sampler.batch_size = self.plan.batch_size
@@ -210,6 +212,7 @@ class Trainer:
         self.metrics.info.labels(self.cfg.name, self.spec.parallelism.strategy, self.spec.sync.algorithm,
                                  self.spec.compression.method, self.plan.describe()).set(1)
         self.joined += 1
+        self.first_step_pending = True
         log.info("joined world", extra={"size": world.size, "step": self.state.step, "plan": self.plan.describe(),
                                         "source": self.recovery_source, "t": time.time()})
 
@@ -381,6 +384,9 @@ class Trainer:
         m.bytes_sent.inc(self.stats.bytes_sent - getattr(self, "_bytes_reported", 0))
         self._bytes_reported = self.stats.bytes_sent
         m.compression_ratio.set(self.stats.compression_ratio)
+        if self.first_step_pending:  # every rank, newcomers too: where benchmarks end a recovery
+            self.first_step_pending = False
+            log.info("first step in world", extra={"step": self.state.step, "t": time.time()})
         if self.left_at is not None:  # first step of a new world completes a recovery
             m.recovery_seconds.observe(time.perf_counter() - self.left_at)
             m.recoveries.labels("checkpoint" if self.recovery_source == "checkpoint" else "peer").inc()
