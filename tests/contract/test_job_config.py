@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from cohort.api.jobconfig import from_manifest, parse_document, render_job_config
-from cohort.api.models import TrainingJobSpec
+from cohort.api.models import OWN_MOMENTUM, TrainingJobSpec
 from cohort.api.schema import parse, to_dict
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,7 +54,8 @@ def test_api_server_defaulting_matches_and_parses(cluster, namespace):
 
 
 SYNCS = ("allreduce", "gossip", "localsgd")
-METHODS = ("none", "fp16", "bf16", "powersgd", "topk", "randomk", "qsgd", "terngrad", "signsgd")
+METHODS = ("none", "fp16", "bf16", "powersgd", "topk", "randomk", "qsgd", "terngrad", "signsgd",
+           "dgc", "threshold", "natural", "onebit", "signum")
 STRATEGIES = ("data", "fsdp", "auto")
 
 
@@ -79,3 +80,18 @@ def test_trainer_refuses_exactly_the_pairs_admission_refuses(sync):
             assert (operator is None) == (trainer is None), (sync, method, strategy, operator, trainer)
             if trainer is not None:
                 assert "spec.compression.method" in trainer or "spec.sync.algorithm" in trainer, trainer
+
+
+@pytest.mark.parametrize("method", OWN_MOMENTUM)
+def test_methods_that_keep_their_own_momentum_need_the_optimizers_at_zero(method):
+    """dgc and signum apply a momentum before compressing; SGD's momentum on top would apply it
+    twice, so both sides refuse the pair with the default momentum 0.9, naming the field."""
+    base = yaml.safe_load((REPO / "examples/digits.yaml").read_text())
+    spec = {**base["spec"], "compression": {"method": method}}
+    for refuse in (lambda: parse(TrainingJobSpec, spec), lambda: from_manifest({**base, "spec": spec})):
+        message = _refused(refuse)
+        assert message is not None and "spec.workload.optimizer.momentum" in message, message
+    workload = {**spec["workload"], "optimizer": {**spec["workload"]["optimizer"], "momentum": 0.0}}
+    ok = {**spec, "workload": workload}
+    assert _refused(lambda: parse(TrainingJobSpec, ok)) is None
+    assert _refused(lambda: from_manifest({**base, "spec": ok})) is None

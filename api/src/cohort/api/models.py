@@ -34,7 +34,8 @@ Strategy = Literal["data", "fsdp", "tensor", "pipeline", "hybrid", "auto"]
 SyncAlgorithm = Literal["allreduce", "gossip", "localsgd"]
 Topology = Literal["ring", "exponential", "random"]
 CompressionMethod = Literal[
-    "none", "fp16", "bf16", "powersgd", "topk", "randomk", "qsgd", "terngrad", "signsgd"]
+    "none", "fp16", "bf16", "powersgd", "topk", "randomk", "qsgd", "terngrad", "signsgd",
+    "dgc", "threshold", "natural", "onebit", "signum"]
 CompressionCollective = Literal["allgather", "sparse"]
 OptimizerName = Literal["sgd", "adamw"]
 StragglerPolicy = Literal["replace", "ignore"]
@@ -54,6 +55,9 @@ SUPPORTED_COMPRESSION: dict[str, tuple[str, ...]] = {
     "localsgd": ("none", "fp16", "bf16"),
 }
 ALL_COMPRESSION: tuple[str, ...] = CompressionMethod.__args__  # type: ignore[attr-defined]
+# Methods that keep a momentum of their own (compression.momentum) and apply it before
+# compressing (DGC's momentum correction, Signum): the optimizer's must then be 0.
+OWN_MOMENTUM: tuple[str, ...] = ("dgc", "signum")
 
 
 def _supported_compression_cel() -> str:
@@ -189,18 +193,26 @@ class Compression:
 
     method: CompressionMethod = field("none", doc="Compressor applied to what is communicated.")
     ratio: float = field(0.01, minimum=0, exclusive_minimum=True, maximum=1,
-                         doc="Fraction of entries kept by topk and randomk.")
+                         doc="Fraction of entries kept by topk, randomk and dgc; for threshold, the payload's "
+                             "capacity: at most ceil(ratio x n) entries of a bucket of n travel.")
     collective: CompressionCollective = field(
         "allgather", doc="topk under allreduce: allgather each rank's payload (bytes per rank grow with P), or "
         "sparse: a sparse reduce-scatter then an allgather of the summed ranges (SparCML), whose bytes stay "
         "flat in P as far as the ranks' top-k overlap, and never exceed a dense allreduce's.")
-    per_tensor: bool = field(False, doc="topk: keep ratio of every gradient tensor's entries rather than of the "
+    per_tensor: bool = field(False, doc="topk and dgc: keep ratio of every gradient tensor's entries rather than of the "
                              "whole DDP bucket (or gossip vector), so a small layer that shares a bucket with a "
                              "large one keeps its share.")
     levels: int = field(256, minimum=2, doc="Quantisation levels for qsgd.")
-    chunk_size: int = field(512, minimum=1, doc="Elements that share one scale in qsgd and terngrad (QSGD's bucket "
-                            "size d): the error is bounded per chunk, whatever else shares the DDP bucket. "
-                            "Each chunk's fp32 scale travels (4 bytes).")
+    chunk_size: int = field(512, minimum=1, doc="Elements that share one scale in qsgd, terngrad and onebit (QSGD's "
+                            "bucket size d): the error is bounded per chunk, whatever else shares the DDP bucket. "
+                            "Each chunk's fp32 scale travels (4 bytes; onebit: two, 8 bytes).")
+    threshold: float = field(0.001, minimum=0, exclusive_minimum=True,
+                             doc="threshold: send the entries with |x| >= threshold (after error feedback), the "
+                                 "largest first, up to the capacity that ratio sets.")
+    momentum: float = field(0.9, minimum=0, maximum=0.999,
+                            doc="dgc: the momentum of its momentum correction; signum: the local momentum beta "
+                                "whose sign each rank sends. Both keep the momentum themselves, so they need "
+                                "spec.workload.optimizer.momentum 0.")
     rank: int = field(2, minimum=1, doc="PowerSGD approximation rank.")
     error_feedback: bool = field(True, doc="Carry the compression residual into the next step (biased compressors).")
 
@@ -356,6 +368,12 @@ class TrainingJobSpec:
                      "(compression hooks act on whole-replica gradients)",
              check=lambda s: s.compression.method == "none" or s.parallelism.strategy in ("data", "auto"),
              field_path=".compression.method"),
+        Rule(cel="!(self.compression.method in [" + ", ".join(f"'{m}'" for m in OWN_MOMENTUM) + "]) || "
+                 "self.workload.optimizer.momentum == 0.0",
+             message="spec.compression.method " + " and ".join(OWN_MOMENTUM) + " apply their own momentum "
+                     "(spec.compression.momentum): they need spec.workload.optimizer.momentum 0",
+             check=lambda s: s.compression.method not in OWN_MOMENTUM or s.workload.optimizer.momentum == 0,
+             field_path=".workload.optimizer.momentum"),
         Rule(cel="self.compression.collective == 'allgather' || "
                  "(self.compression.method == 'topk' && self.sync.algorithm == 'allreduce')",
              message="spec.compression.collective sparse needs spec.compression.method topk and "
