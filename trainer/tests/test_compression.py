@@ -14,12 +14,13 @@ import torch
 from cohort.api.models import ALL_COMPRESSION
 from cohort.trainer.compression import packing
 from cohort.trainer.compression.base import Compressor, Unsupported, derive_seed, kept
+from cohort.trainer.compression.dgc import DGC, DGCConfig, MomentumCorrection
 from cohort.trainer.compression.error_feedback import ErrorFeedback
-from cohort.trainer.compression.quantize import QSGD, QSGDConfig, TernGrad, TernGradConfig
+from cohort.trainer.compression.quantize import QSGD, Natural, QSGDConfig, TernGrad, TernGradConfig
 from cohort.trainer.compression.registry import METHODS
-from cohort.trainer.compression.sign import ScaledSign
+from cohort.trainer.compression.sign import OneBit, OneBitConfig, ScaledSign, Signum, SignumConfig, SignumMomentum
 from cohort.trainer.compression.sparse_allreduce import owned, pack_pairs, unpack_pairs
-from cohort.trainer.compression.sparsify import RandomK, RandomKConfig, TopK, TopKConfig
+from cohort.trainer.compression.sparsify import RandomK, RandomKConfig, Threshold, ThresholdConfig, TopK, TopKConfig
 from cohort.trainer.sync import topology
 
 # The payload compressors (every method but powersgd, which is torch's hook).
@@ -83,6 +84,7 @@ UNBIASED = {
     "qsgd": QSGD(QSGDConfig(levels=4)),        # few levels: a large variance to average out
     "randomk": RandomK(RandomKConfig(ratio=0.25)),
     "terngrad": TernGrad(),
+    "natural": Natural(),
 }
 
 
@@ -239,7 +241,7 @@ def test_compression_ratios_on_the_digits_model():
     assert COMPRESSORS["fp16"]().ratio(MLP_PARAMS) == 2
 
 
-@pytest.mark.parametrize("name", ["topk", "signsgd"])
+@pytest.mark.parametrize("name", ["topk", "signsgd", "threshold", "onebit"])
 def test_error_feedback_keeps_what_was_not_sent(name):
     """After T steps: sum(sent) + residual == sum(gradients) (up to fp32 rounding)."""
     c, ef = COMPRESSORS[name](), ErrorFeedback()
@@ -257,11 +259,146 @@ def test_error_feedback_keeps_what_was_not_sent(name):
     assert residual.norm() > 0  # something really was held back
 
 
+def test_biased_methods_get_their_memory_from_the_class():
+    """Error feedback for the biased payload methods (unless errorFeedback is off); dgc and
+    signum keep their own momentum whatever errorFeedback says; the unbiased ones keep nothing."""
+    for name, cls in COMPRESSORS.items():
+        on, off = cls().memory(True), cls().memory(False)
+        if name == "dgc":
+            assert isinstance(on, MomentumCorrection) and isinstance(off, MomentumCorrection)
+        elif name == "signum":
+            assert isinstance(on, SignumMomentum) and isinstance(off, SignumMomentum)
+        elif name in ("topk", "signsgd", "threshold", "onebit"):
+            assert isinstance(on, ErrorFeedback) and off is None, name
+        else:
+            assert on is None and off is None, name
+
+
 def test_error_feedback_resets_when_a_bucket_changes_size():
     ef = ErrorFeedback()
     ef.update(0, torch.ones(4), torch.zeros(4))
     torch.testing.assert_close(ef.compensate(0, torch.ones(4)), torch.full((4,), 2.0))
     torch.testing.assert_close(ef.compensate(0, torch.ones(6)), torch.ones(6))
+
+
+# --- the methods from GRACE's set: dgc, threshold, natural, onebit, signum ---------
+
+def test_dgc_momentum_correction_accumulates_velocity_and_masks_what_was_sent():
+    """Lin et al. 2018, §3.2-3.3, step by step against the recurrence written out here:
+    u = m u + g, v = v + u, send top-k(v), then u and v are 0 at the sent entries. The
+    invariant of the accumulation: sum(sent) + v_T = sum_t u_t (u_t as it was added to v)."""
+    n, m, ratio = 400, 0.9, 0.02
+    c, mem = DGC(DGCConfig(ratio=ratio, momentum=m)), MomentumCorrection(m)
+    u, v = torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
+    sent_total, u_total = torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
+    for t in range(30):
+        g = vector(n, seed=200 + t)
+        u = m * u + g.double()
+        v = v + u
+        u_total += u
+        x = mem.compensate("bucket", g)
+        torch.testing.assert_close(x.double(), v, atol=1e-5, rtol=1e-6)
+        _, sent = c.roundtrip(x, seed=t)
+        mem.update("bucket", x, sent)
+        chosen = sent != 0
+        assert int(chosen.sum()) == kept(n, ratio)
+        assert set(chosen.nonzero().flatten().tolist()) == set(torch.topk(x.abs(), kept(n, ratio)).indices.tolist())
+        # Momentum factor masking: both u and v restart from 0 where an entry went.
+        assert (mem.velocity["bucket"][chosen] == 0).all() and (mem.accumulated["bucket"][chosen] == 0).all()
+        assert (mem.velocity["bucket"][~chosen] != 0).all()
+        u[chosen.numpy()] = 0.0
+        v[chosen.numpy()] = 0.0
+        sent_total += sent.double()
+    torch.testing.assert_close(sent_total + mem.accumulated["bucket"].double(), u_total, atol=1e-4, rtol=0)
+
+
+def test_dgc_payload_is_topks_and_it_refuses_gossip_and_the_sparse_collective():
+    n = MLP_PARAMS
+    assert DGC().payload_nbytes(n) == TopK().payload_nbytes(n) == 8 * kept(n, 0.01)
+    x = vector(n, seed=9)
+    assert torch.equal(DGC().roundtrip(x, 0)[1], TopK().roundtrip(x, 0)[1])  # the wire is top-k's
+    with pytest.raises(Unsupported):
+        DGC().consensus_step()
+
+
+def test_threshold_sends_the_entries_above_it_up_to_a_fixed_capacity():
+    """Below capacity: exactly the entries with |x| >= threshold (the count says how many of the
+    k slots are real). Above it: the k largest. The payload size never changes."""
+    x = vector(1000, seed=12)
+    c = Threshold(ThresholdConfig(threshold=1.0, ratio=0.2))  # capacity 200
+    above = (x.abs() >= 1.0).nonzero().flatten()
+    assert 0 < above.numel() < 200
+    payload, decoded = c.roundtrip(x, seed=0)
+    assert payload.numel() == c.payload_nbytes(1000) == 4 + 8 * 200
+    assert int(payload[:4].view(torch.int32)[0]) == above.numel()
+    assert torch.equal(decoded.nonzero().flatten(), above)
+    assert torch.equal(decoded[above], x[above])
+    full = Threshold(ThresholdConfig(threshold=0.05, ratio=0.01))  # many above, capacity 10
+    assert int((x.abs() >= 0.05).sum()) > 10
+    got = full.roundtrip(x, seed=0)[1]
+    assert set(got.nonzero().flatten().tolist()) == set(torch.topk(x.abs(), 10).indices.tolist())
+    nothing = Threshold(ThresholdConfig(threshold=100.0)).roundtrip(x, seed=0)[1]  # none above: an empty message
+    assert int(nothing.count_nonzero()) == 0
+
+
+def test_natural_rounds_to_a_neighbouring_power_of_two_keeping_the_sign_in_9_bits():
+    """Horvath et al. 2019: C(x) in {sign(x) 2^a, sign(x) 2^(a+1)} with 2^a <= |x| < 2^(a+1), up with
+    probability (|x| - 2^a)/2^a; an exact power of two (and 0) stays as it is; the variance
+    is within the paper's factor 1/8: E||C(x) - x||^2 <= ||x||^2 / 8."""
+    c = Natural()
+    assert c.payload_nbytes(MLP_PARAMS) == math.ceil(9 * MLP_PARAMS / 8)
+    x = vector(2000, seed=13)
+    x[:4] = torch.tensor([0.0, 0.5, -8.0, 2.0**-126])
+    x[4:6] = torch.tensor([1e-40, -3e-42])  # fp32 subnormals round to 0 or 2^-126
+    s = samples(c, x, 200)
+    nonzero = s != 0
+    assert torch.equal(torch.frexp(s[nonzero].abs())[0], torch.full((int(nonzero.sum()),), 0.5))  # powers of 2
+    assert (s[nonzero].sign() == x.expand_as(s)[nonzero].sign()).all()
+    low = torch.exp2(torch.floor(torch.log2(x.abs()[6:].double()))).float()
+    assert ((s[:, 6:].abs() == low) | (s[:, 6:].abs() == 2 * low)).all()
+    assert torch.equal(s[:, :4], x[:4].expand(200, 4))
+    assert set(s[:, 4].tolist()) <= {0.0, 2.0**-126} and set(s[:, 5].tolist()) <= {0.0, -(2.0**-126)}
+    assert float((s - x).pow(2).sum(1).mean()) <= float(x.pow(2).sum()) / 8
+
+
+def test_onebit_sends_a_bit_per_element_and_each_chunks_two_means():
+    """Seide et al. 2014: per chunk, negative entries become the mean of the chunk's negative
+    entries, the others the mean of its non-negative ones; 8 bytes per chunk plus n/8. The last,
+    partial chunk's means are over its real entries only."""
+    n, d = 1000, 256  # 4 chunks, the last of 232
+    c = OneBit(OneBitConfig(chunk_size=d))
+    assert c.payload_nbytes(n) == 8 * 4 + math.ceil(n / 8)
+    x = vector(n, seed=14) + 0.3  # more positive than negative: padding counted as 0 would show
+    decoded = c.roundtrip(x, seed=0)[1]
+    for start in range(0, n, d):
+        xc, dc = x[start:start + d], decoded[start:start + d]
+        neg = xc < 0
+        torch.testing.assert_close(dc[neg], xc[neg].mean().expand(int(neg.sum())), rtol=1e-6, atol=0)
+        torch.testing.assert_close(dc[~neg], xc[~neg].mean().expand(int((~neg).sum())), rtol=1e-6, atol=0)
+    assert torch.equal(OneBit().roundtrip(torch.ones(5), 0)[1], torch.ones(5))  # an empty side sends 0, unused
+
+
+def test_signum_sends_the_sign_of_its_local_momentum_and_the_ranks_take_a_majority_vote():
+    """Bernstein et al. 2018, Signum with majority vote: m = beta m + (1 - beta) g from m = 0, one
+    bit per element; the result is sign(sum of the ranks' signs), 0 on a tie, not their mean."""
+    beta, n = 0.9, 300
+    c, mem = Signum(SignumConfig(momentum=beta)), SignumMomentum(beta)
+    assert c.payload_nbytes(n) == math.ceil(n / 8)
+    m = torch.zeros(n)
+    for t in range(5):
+        g = vector(n, seed=300 + t)
+        m = beta * m + (1 - beta) * g
+        x = mem.compensate(0, g)
+        torch.testing.assert_close(x, m, rtol=1e-6, atol=1e-7)
+        sent = c.roundtrip(x, seed=t)[1]
+        mem.update(0, x, sent)
+        assert torch.equal(sent, torch.where(m >= 0, 1.0, -1.0))
+    votes = torch.tensor([[1.0, 1.0, -1.0, -1.0], [1.0, -1.0, -1.0, 1.0], [-1.0, 1.0, -1.0, -1.0]])  # 3 ranks
+    total = votes.sum(0)
+    assert torch.equal(c.combine(total.clone(), 3), torch.tensor([1.0, 1.0, -1.0, -1.0]))
+    assert not torch.equal(c.combine(total.clone(), 3), total / 3)  # the mean would give +-1/3 here
+    assert torch.equal(c.combine(torch.tensor([0.0, 2.0, -4.0]), 4), torch.tensor([0.0, 1.0, -1.0]))  # a 2-2 tie: 0
+    assert torch.equal(ScaledSign().combine(total.clone(), 3), total / 3)  # the others average
 
 
 # --- packing ---------------------------------------------------------------------

@@ -30,7 +30,8 @@ pytestmark = pytest.mark.dist
 
 INFO = DataInfo((1, 8, 8), num_classes=10)
 N_PARAMS = 9610  # MLP(hidden=128) on 8x8 digits
-HOOK_METHODS = ["none", "fp16", "bf16", "powersgd", "topk", "randomk", "qsgd", "terngrad", "signsgd"]
+HOOK_METHODS = ["none", "fp16", "bf16", "powersgd", "topk", "randomk", "qsgd", "terngrad", "signsgd",
+                "dgc", "threshold", "natural", "onebit", "signum"]
 GOSSIP_METHODS = ["none", "fp16", "bf16", "topk", "randomk", "qsgd", "terngrad", "signsgd"]
 
 
@@ -74,11 +75,15 @@ def _hooks(rank: int, world: int) -> dict:
         result = {"hook": flat_grad(model), "all_local": gather(local, world), "bytes": ctx.stats.bytes_sent,
                   "payload": ctx.stats.payload_bytes, "dense": ctx.stats.dense_bytes}
         if method not in ("none", "fp16", "bf16", "powersgd"):
-            # What the hook must produce: the mean of every rank's decoded payload (same seeds).
+            # What the hook must produce: the mean of every rank's decoded payload (same seeds);
+            # signum: their majority vote. At the first step dgc's and signum's memories change
+            # nothing that is sent (dgc: v = u = g; signum: m = (1 - beta) g, whose sign is g's).
             comp = build_method(spec.compression)
             seeds = CompressedAllgather(ctx, comp, None)
             decoded = [comp.roundtrip(result["all_local"][r], seeds.seed(0, r))[1] for r in range(world)]
             result["expected"] = torch.stack(decoded).mean(0)
+            if method == "signum":
+                result["expected"] = torch.stack(decoded).sum(0).sign()
             result["payload_nbytes"] = comp.payload_nbytes(N_PARAMS)
         out[method] = result
     return out
@@ -100,7 +105,7 @@ def hook_results() -> list[dict]:
 def test_ddp_hook_averages_gradients(hook_results, method):
     """none: exact mean; fp16 within 2e-3 and bf16 within 2e-2 of the largest |mean| entry;
     powersgd: the same on every rank; compact compressors: identical on every rank and equal
-    (to 1e-6) to the mean of each rank's decoded payload."""
+    (to 1e-6) to the mean of each rank's decoded payload (signum: exactly their majority vote)."""
     ranks = [r[method] for r in hook_results]
     mean = ranks[0]["all_local"].mean(0)
     got = ranks[0]["hook"]
@@ -119,6 +124,8 @@ def test_ddp_hook_averages_gradients(hook_results, method):
         assert float((got - mean).abs().max()) <= 2e-2 * scale
     elif method != "powersgd":
         torch.testing.assert_close(got, ranks[0]["expected"], atol=1e-6, rtol=0)
+    if method == "signum":  # a vote, not a mean: every coordinate is -1, 0 (a 2-2 tie) or +1
+        assert set(got.unique().tolist()) <= {-1.0, 0.0, 1.0}
 
 
 def test_powersgd_is_a_rank_r_projection_of_the_true_mean(hook_results):

@@ -23,6 +23,14 @@ gloo's allgather refuses unequal sizes, and a receiver must know how many
 bytes to expect from a gossip peer. The payload is what goes on the wire, so
 its size is what Cohort reports as payload bytes.
 
+Some methods keep local state per DDP bucket between steps, a *memory*
+(``memory()``): error feedback's residual for the biased ones, DGC's momentum
+correction (dgc.py), Signum's momentum (sign.py). The hook passes each
+bucket's gradient through ``memory.compensate`` before encoding and tells it
+what the receivers will see (``memory.update``). And a method decides how the
+P decoded payloads combine (``combine``): their mean, except Signum's
+majority vote (the sign of their sum).
+
 Randomised compressors draw from a ``torch.Generator`` seeded by the caller
 (``derive_seed``), never from the global RNG: checkpoints hold the global RNG
 state, and a receiver can regenerate the sender's random choices (random-k
@@ -34,8 +42,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import Any, ClassVar
+from collections.abc import Hashable, Sequence
+from typing import Any, ClassVar, Protocol
 
 import torch
 import torch.distributed as dist
@@ -61,6 +69,16 @@ def derive_seed(*parts: int) -> int:
 
 def generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+class Memory(Protocol):
+    """Local state per key (DDP bucket) around a compressor: ErrorFeedback has this interface."""
+
+    def compensate(self, key: Hashable, x: torch.Tensor) -> torch.Tensor:
+        """What to compress this step, from this step's gradient ``x`` (a new tensor)."""
+
+    def update(self, key: Hashable, compensated: torch.Tensor, sent: torch.Tensor) -> None:
+        """After encoding ``compensated``: ``sent`` is what every receiver decodes."""
 
 
 class Unsupported(NotImplementedError):
@@ -122,8 +140,16 @@ class Compressor(Method):
     """
 
     def ddp_hook(self, ctx: SyncContext) -> tuple[Any, Hook] | None:
-        ef = ErrorFeedback() if self.biased and ctx.spec.compression.error_feedback else None
-        return CompressedAllgather(ctx, self, ef), compressed_allgather_hook
+        return CompressedAllgather(ctx, self, self.memory(ctx.spec.compression.error_feedback)), \
+            compressed_allgather_hook
+
+    def memory(self, error_feedback: bool = True) -> Memory | None:
+        """The per-bucket state the DDP hook keeps: error feedback for biased methods (when on)."""
+        return ErrorFeedback() if self.biased and error_feedback else None
+
+    def combine(self, total: torch.Tensor, world: int) -> torch.Tensor:
+        """The bucket's result from the sum of the ``world`` decoded payloads (in place): their mean."""
+        return total.div_(world)
 
     def layout(self, sizes: Sequence[int]) -> Compressor:
         """This compressor for a vector made of tensors of ``sizes`` entries, in order.
@@ -161,10 +187,10 @@ def kept(numel: int, ratio: float) -> int:
 
 
 class CompressedAllgather:
-    """Hook state: the compressor, its error feedback, and a step counter for the shared seeds."""
+    """Hook state: the compressor, its memory (error feedback or the method's own), and a step counter for the shared seeds."""
 
-    def __init__(self, ctx: SyncContext, compressor: Compressor, error_feedback: ErrorFeedback | None):
-        self.ctx, self.compressor, self.error_feedback = ctx, compressor, error_feedback
+    def __init__(self, ctx: SyncContext, compressor: Compressor, memory: Memory | None):
+        self.ctx, self.compressor, self.memory = ctx, compressor, memory
         self.base_seed = derive_seed(ctx.spec.workload.seed, 0xD0)
         self.step = 0
 
@@ -174,8 +200,9 @@ class CompressedAllgather:
 
 
 def compressed_allgather_hook(state: CompressedAllgather, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Allgather the bucket's payloads (an allgather of a k-byte payload costs (P-1) * k bytes per rank)."""
-    ctx, ef = state.ctx, state.error_feedback
+    """Allgather the bucket's payloads (an allgather of a k-byte payload costs (P-1) * k bytes per rank),
+    decode them all and combine them (the mean; Signum: the majority vote)."""
+    ctx, ef = state.ctx, state.memory
     grad, key, world = bucket.buffer(), bucket.index(), ctx.world_size
     comp = state.compressor.layout([g.numel() for g in bucket.gradients()])
     n = grad.numel()
@@ -196,6 +223,6 @@ def compressed_allgather_hook(state: CompressedAllgather, bucket: dist.GradBucke
         total = torch.zeros(n)
         for r in range(world):  # in rank order on every rank: the ranks' sums agree bit for bit
             total += mine if r == ctx.rank else comp.decode(gathered[r * size:(r + 1) * size], n, seeds[r])
-        grad.copy_(total.div_(world))
+        grad.copy_(comp.combine(total, world))
         return grad
     return fut.then(average)

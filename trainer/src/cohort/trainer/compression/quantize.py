@@ -20,7 +20,16 @@ quantised against the large one's norm and loses nearly all its signal
 error by the chunk's size, whatever the bucket holds. The scales are counted in
 the payload: 4 bytes per chunk.
 
-Both are unbiased, so they need no error feedback. ``contractive`` divides the
+- natural compression (Horvath, Ho, Horvath, Sahu, Canini & Richtarik, "Natural
+  Compression for Distributed Deep Learning", 2019): each x_i is rounded at
+  random to one of the two powers of two around it, 2^a <= |x_i| < 2^(a+1), up
+  with probability (|x_i| - 2^a) / 2^a, so that the expectation is exact
+  (variance factor 1/8). Sent as a sign bit and fp32's 8-bit biased exponent
+  (code 0: zero), 9 bits per element and no scale. |x| below 2^-126 rounds to
+  0 or 2^-126 the same way; rounding up from 2^127 stays at 2^127 (fp32 has no
+  2^128), the one biased case.
+
+They are unbiased, so they need no error feedback. ``contractive`` divides the
 result by (1 + omega), omega being the variance factor, which turns an unbiased
 compressor into one whose error shrinks (E||C(x) - x||^2 <= (1 - delta)||x||^2):
 the property CHOCO-gossip's convergence needs (Koloskova et al. 2019, §3).
@@ -145,3 +154,33 @@ class TernGrad(Compressor):
 
     def consensus_step(self) -> float:
         return 0.2
+
+
+@dataclass(frozen=True)
+class NaturalConfig:
+    """Natural compression has nothing to tune."""
+
+
+class Natural(Compressor):
+    name = "natural"
+    Config = NaturalConfig
+    CODE_BITS = 9  # sign and fp32's biased exponent
+
+    def payload_nbytes(self, numel: int) -> int:
+        return packed_nbytes(numel, self.CODE_BITS)
+
+    def encode(self, x: torch.Tensor, seed: int) -> torch.Tensor:
+        a = x.abs()
+        mantissa, exponent = torch.frexp(a)  # a = mantissa * 2^exponent, mantissa in [0.5, 1)
+        u = torch.rand(x.numel(), generator=generator(seed))
+        # 2^(exponent-1) <= a < 2^exponent: up with probability a / 2^(exponent-1) - 1 = 2 * mantissa - 1.
+        biased_exp = exponent.to(torch.int32) + 126 + (u < 2 * mantissa - 1).to(torch.int32)
+        tiny = a < 2.0**-126  # zero and fp32's subnormals: round to 0 or 2^-126 (code 1)
+        biased_exp = torch.where(tiny, (u < a * 2.0**126).to(torch.int32), biased_exp).clamp_(0, 254)
+        return pack_bits(biased_exp | ((x < 0).to(torch.int32) << 8), self.CODE_BITS)
+
+    def decode(self, payload: torch.Tensor, numel: int, seed: int) -> torch.Tensor:
+        codes = unpack_bits(payload, numel, self.CODE_BITS)
+        biased_exp = codes & 0xFF
+        magnitude = torch.where(biased_exp > 0, torch.ldexp(torch.ones(numel), biased_exp - 127), 0.0)
+        return torch.where(codes >= 256, -magnitude, magnitude)

@@ -6,10 +6,11 @@ from typing import Any
 
 from .base import Method
 from .cast import BF16, FP16, FP32
+from .dgc import DGC
 from .powersgd import PowerSGD
-from .quantize import QSGD, TernGrad
-from .sign import ScaledSign
-from .sparsify import RandomK, TopK
+from .quantize import QSGD, Natural, TernGrad
+from .sign import OneBit, ScaledSign, Signum
+from .sparsify import RandomK, Threshold, TopK
 
 METHODS: dict[str, type[Method]] = {
     "none": FP32,
@@ -21,6 +22,11 @@ METHODS: dict[str, type[Method]] = {
     "qsgd": QSGD,
     "terngrad": TernGrad,
     "signsgd": ScaledSign,
+    "dgc": DGC,
+    "threshold": Threshold,
+    "natural": Natural,
+    "onebit": OneBit,
+    "signum": Signum,
 }
 
 

@@ -1,4 +1,4 @@
-"""Sparsifiers: keep k = ceil(ratio * n) entries of a vector.
+"""Sparsifiers: keep k = ceil(ratio * n) entries of a vector (threshold: at most k).
 
 - top-k (Aji & Heafield 2017; Lin et al. 2018, "Deep Gradient Compression";
   Stich et al. 2018, "Sparsified SGD with memory"): the k largest magnitudes,
@@ -13,6 +13,15 @@
   derive, so only the k values travel (4k bytes). Scaled by n/k it is
   unbiased (variance factor n/k - 1); CHOCO-gossip uses it unscaled
   (``contractive``), where it shrinks the error by a factor (1 - k/n).
+- threshold (GRACE's threshold compressor; Strom, "Scalable Distributed DNN
+  Training Using Commodity GPU Cloud Computing", Interspeech 2015): the entries
+  with |x_i| >= ``threshold``. Their number varies, and payloads must have one
+  size, so the payload has a fixed capacity of k = ceil(ratio * n) pairs: a
+  4-byte count c, then k (fp32 value, int32 index) pairs of which the first c
+  are the above-threshold entries, largest first, and the rest are padding
+  (value 0, index 0): 4 + 8k bytes. Above the capacity only the k largest go
+  (then it is top-k); the rest stays in error feedback (on by default), as
+  everything below the threshold does.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ from ..sync.base import SyncContext
 from .base import Compressor, generator, kept
 from .error_feedback import ErrorFeedback
 from .hooks import Hook
-from .packing import pack_floats, pack_sparse, unpack_floats, unpack_sparse
+from .packing import Reader, pack_floats, pack_sparse, unpack_floats, unpack_sparse
 from .sparse_allreduce import sparse_hook
 
 
@@ -122,4 +131,39 @@ class RandomK(Compressor):
         return min(1.0, 0.5 * self.config.ratio)
 
 
-__all__ = ["RandomK", "TopK"]
+@dataclass(frozen=True)
+class ThresholdConfig:
+    threshold: float = 0.001
+    """Send the entries with |x| >= threshold (compression.threshold)."""
+    ratio: float = 0.01
+    """The payload's capacity, as a fraction of the entries (compression.ratio)."""
+
+
+class Threshold(Compressor):
+    name = "threshold"
+    Config = ThresholdConfig
+    biased = True
+
+    def capacity(self, numel: int) -> int:
+        return kept(numel, self.config.ratio) if numel else 0
+
+    def payload_nbytes(self, numel: int) -> int:
+        return 4 + 8 * self.capacity(numel)
+
+    def encode(self, x: torch.Tensor, seed: int) -> torch.Tensor:
+        k = self.capacity(x.numel())
+        magnitudes, idx = torch.topk(x.abs(), k, sorted=True)  # the k largest, largest first
+        count = int((magnitudes >= self.config.threshold).sum())  # a prefix: the entries at or above it
+        values = torch.zeros(k)
+        values[:count] = x[idx[:count]]
+        idx[count:] = 0
+        return torch.cat([torch.tensor([count], dtype=torch.int32).view(torch.uint8), pack_sparse(idx, values)])
+
+    def decode(self, payload: torch.Tensor, numel: int, seed: int) -> torch.Tensor:
+        rd = Reader(payload)
+        count = int(rd.take(4).clone().view(torch.int32)[0])
+        idx, values = unpack_sparse(rd.take(8 * self.capacity(numel)), self.capacity(numel))
+        return torch.zeros(numel).index_put_((idx[:count],), values[:count])
+
+
+__all__ = ["RandomK", "Threshold", "TopK"]
