@@ -28,7 +28,9 @@ REPO = Path(__file__).resolve().parents[2]
 # The API's supported pairs (the operator models' SUPPORTED_COMPRESSION, as generated for the trainer).
 PAIRS = [(sync, method) for sync, methods in SUPPORTED_COMPRESSION.items() for method in methods]
 
-# Manifest settings that differ from the defaults, per pair.
+SIGNUM_LR = 0.002
+
+# Manifest settings that differ from the defaults, per pair (sync, compression, workload.optimizer).
 TUNED: dict[tuple[str, str], dict[str, Any]] = {
     # Unbiased random-k at 1% multiplies the gradient variance by ~100: keep 10% instead.
     ("allreduce", "randomk"): {"compression": {"ratio": 0.1}},
@@ -36,6 +38,13 @@ TUNED: dict[tuple[str, str], dict[str, Any]] = {
     ("localsgd", "none"): {"sync": {"period": 4}},
     ("localsgd", "fp16"): {"sync": {"period": 4}},
     ("localsgd", "bf16"): {"sync": {"period": 4}},
+    # DGC's momentum correction is the momentum: the optimizer adds none (admission requires 0).
+    ("allreduce", "dgc"): {"optimizer": {"momentum": 0.0}},
+    # Signum: the momentum is in the compressor, and every coordinate moves by exactly lr per
+    # step (the sign of a majority vote), so lr is that of a sign method, not of SGD: at the
+    # example's 0.05 the final training loss was 5.2 and the accuracy 0.9415, at the bar's edge
+    # (at 0.002: loss 1e-5, accuracy 0.958).
+    ("allreduce", "signum"): {"optimizer": {"momentum": 0.0, "lr": SIGNUM_LR}},
 }
 
 
@@ -44,6 +53,7 @@ def manifest(sync: str, method: str) -> dict[str, Any]:
     spec = copy.deepcopy(m["spec"])
     spec["sync"] = {"algorithm": sync, **TUNED.get((sync, method), {}).get("sync", {})}
     spec["compression"] = {"method": method, **TUNED.get((sync, method), {}).get("compression", {})}
+    spec["workload"]["optimizer"] = {**spec["workload"]["optimizer"], **TUNED.get((sync, method), {}).get("optimizer", {})}
     spec["checkpoint"] = {"everySteps": 0}            # not what this test is about
     spec["workload"]["evalEveryEpochs"] = 0           # evaluate once, at the end
     m["metadata"] = {"name": f"conv-{sync}-{method}"}
