@@ -274,6 +274,103 @@ def test_ddp_hook_counts_bytes_for_the_collective_used(hook_results, method):
     assert stats["dense"] == 4 * n * (3 if method == "powersgd" else 1)
 
 
+MEMORY_METHODS = ["dgc", "signum", "threshold", "onebit", "topk"]
+PARAM_SIZES = [p.numel() for p in MLP(INFO).parameters()]
+
+
+def _memories(rank: int, world: int) -> dict:
+    """4 steps through DDP with fixed parameters (no optimizer), so each step's gradients are known;
+    every rank gathers every rank's own gradients, and records the order of the parameters in
+    the (single) bucket at each step."""
+    import cohort.trainer.compression.base as base
+    out, real_hook = {}, base.compressed_allgather_hook
+    for method in MEMORY_METHODS:
+        spec = job_spec(method=method)
+        ctx = SyncContext(rank, world, spec, CommStats())
+        torch.manual_seed(0)
+        model, reference = MLP(INFO), MLP(INFO)
+        reference.load_state_dict(model.state_dict())
+        position = {p.data_ptr(): i for i, p in enumerate(model.parameters())}
+        orders: list[list[int]] = []
+
+        def spy(state, bucket, orders=orders, position=position):
+            orders.append([position[p.data_ptr()] for p in bucket.parameters()])
+            return real_hook(state, bucket)
+        base.compressed_allgather_hook = spy
+        try:
+            sync = AllreduceSync(ctx)
+            ddp = sync.wrap(model)
+            hooks, locals_ = [], []
+            for step in range(4):
+                ddp.zero_grad()
+                reference.zero_grad()
+                x, y = batch(rank, step)
+                F.cross_entropy(ddp(x), y).backward()
+                F.cross_entropy(reference(x), y).backward()
+                hooks.append(flat_grad(model))
+                locals_.append(gather(flat_grad(reference), world))
+        finally:
+            base.compressed_allgather_hook = real_hook
+        out[method] = {"hook": hooks, "all_local": locals_, "orders": orders}
+    return out
+
+
+def to_bucket(v: torch.Tensor, order: list[int]) -> torch.Tensor:
+    parts = v.split(PARAM_SIZES)
+    return torch.cat([parts[i] for i in order])
+
+
+def from_bucket(b: torch.Tensor, order: list[int]) -> torch.Tensor:
+    parts = dict(zip(order, b.split([PARAM_SIZES[i] for i in order]), strict=True))
+    return torch.cat([parts[i] for i in range(len(PARAM_SIZES))])
+
+
+def replay(method: str, result: dict, memory: bool, reset_on_reorder: bool) -> list[torch.Tensor]:
+    """What the hook must return at each step, computed from every rank's own gradients."""
+    comp = build_method(job_spec(method=method).compression)
+    memories, previous, out = [comp.memory(True) for _ in range(4)], None, []
+    for step, order in enumerate(result["orders"]):
+        if reset_on_reorder and previous is not None and order != previous:
+            memories = [comp.memory(True) for _ in range(4)]
+        previous = order
+        sent = []
+        for r in range(4):
+            g = to_bucket(result["all_local"][step][r], order)
+            x = memories[r].compensate(0, g) if memory else g
+            decoded = comp.roundtrip(x, 0)[1]  # none of these methods draws anything
+            if memory:
+                memories[r].update(0, x, decoded)
+            sent.append(decoded)
+        out.append(from_bucket(comp.combine(torch.stack(sent).sum(0), 4), order))
+    return out
+
+
+@pytest.fixture(scope="module")
+def memory_results() -> list[dict]:
+    return run_ranks(_memories, 4)
+
+
+@pytest.mark.parametrize("method", MEMORY_METHODS)
+def test_ddp_hook_carries_each_methods_memory_across_steps_and_resets_it_when_ddp_reorders_the_bucket(
+        memory_results, method):
+    """4 steps on 4 ranks: the hook's result equals what each rank's own memory (DGC's momentum
+    correction, Signum's momentum, error feedback) sends, combined (mean; signum: majority vote),
+    so the hook keeps that state per bucket from step to step. DDP rebuilds its bucket after the
+    first step with the tensors in reverse order (same index, same size): the memory must restart
+    then, since its entries belong to the old order. Controls: no memory at all, and a memory
+    carried over the reorder, both differ from the hook's result."""
+    result = memory_results[0][method]
+    orders = result["orders"]
+    assert len(orders) == 4 and orders[1] != orders[0] and orders[1:] == [orders[1]] * 3, orders
+    expected = replay(method, result, memory=True, reset_on_reorder=True)
+    for step in range(4):
+        for r in memory_results:
+            torch.testing.assert_close(r[method]["hook"][step], expected[step], atol=1e-6, rtol=0)
+    for control in (replay(method, result, memory=False, reset_on_reorder=True),
+                    replay(method, result, memory=True, reset_on_reorder=False)):
+        assert any(not torch.allclose(a, b, atol=1e-6, rtol=0) for a, b in zip(control, expected, strict=True))
+
+
 def test_sparse_wire_advantage_shrinks_as_the_world_grows():
     """An allgather's cost grows with P, a ring allreduce's does not: the tables must show this."""
     n, k_bytes = N_PARAMS, 8 * 97  # top-1% of the MLP

@@ -51,7 +51,7 @@ import torch.distributed as dist
 from cohort.api.models import SUPPORTED_COMPRESSION
 
 from ..sync.base import SyncContext, allgather_bytes
-from .error_feedback import ErrorFeedback
+from .error_feedback import BucketLayouts, ErrorFeedback
 from .hooks import Hook
 
 _MASK64 = (1 << 64) - 1
@@ -79,6 +79,9 @@ class Memory(Protocol):
 
     def update(self, key: Hashable, compensated: torch.Tensor, sent: torch.Tensor) -> None:
         """After encoding ``compensated``: ``sent`` is what every receiver decodes."""
+
+    def reset(self, key: Hashable) -> None:
+        """Forget ``key``'s state (its DDP bucket now holds other tensors, or in another order)."""
 
 
 class Unsupported(NotImplementedError):
@@ -191,6 +194,7 @@ class CompressedAllgather:
 
     def __init__(self, ctx: SyncContext, compressor: Compressor, memory: Memory | None):
         self.ctx, self.compressor, self.memory = ctx, compressor, memory
+        self.layouts = BucketLayouts()
         self.base_seed = derive_seed(ctx.spec.workload.seed, 0xD0)
         self.step = 0
 
@@ -204,6 +208,7 @@ def compressed_allgather_hook(state: CompressedAllgather, bucket: dist.GradBucke
     decode them all and combine them (the mean; Signum: the majority vote)."""
     ctx, ef = state.ctx, state.memory
     grad, key, world = bucket.buffer(), bucket.index(), ctx.world_size
+    state.layouts.check(bucket, ef)
     comp = state.compressor.layout([g.numel() for g in bucket.gradients()])
     n = grad.numel()
     seeds = [state.seed(key, r) for r in range(world)]

@@ -63,6 +63,10 @@ class MomentumCorrection:
         self.velocity[key].masked_fill_(was_sent, 0.0)
         self.accumulated[key] = compensated - sent  # v with the sent entries taken out (exactly 0 there)
 
+    def reset(self, key: Hashable) -> None:
+        self.velocity.pop(key, None)
+        self.accumulated.pop(key, None)
+
 
 @dataclass(frozen=True)
 class DGCConfig:

@@ -6,15 +6,21 @@ plus the current residual equals the sum of the T inputs, so every gradient
 coordinate is eventually applied.
 
 Residuals are keyed (DDP bucket index, or any name) and reset when a key's
-size changes, e.g. when DDP rebuilds its buckets after the first iteration or
-the Sync is rebuilt for a new world.
+size changes, or when the Sync is rebuilt for a new world. DDP rebuilds its
+buckets after the first iteration, in the order the gradients became ready:
+a bucket may then keep its index and size but hold its tensors in another
+order, so the DDP hooks also reset a bucket's memory when its parameters or
+their order change (:class:`BucketLayouts`). Otherwise a residual would be
+added to other coordinates than the ones it was kept for.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
 
 class ErrorFeedback:
@@ -31,3 +37,21 @@ class ErrorFeedback:
     def update(self, key: Hashable, compensated: torch.Tensor, sent: torch.Tensor) -> None:
         """Keep what the compressor dropped this step."""
         self.residuals[key] = compensated - sent
+
+    def reset(self, key: Hashable) -> None:
+        self.residuals.pop(key, None)
+
+
+class BucketLayouts:
+    """Which parameters, in which order, each DDP bucket held when its memory was last used."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, tuple[tuple[int, int], ...]] = {}
+
+    def check(self, bucket: dist.GradBucket, memory: Any) -> None:
+        """Reset ``memory``'s state for this bucket if DDP has changed what the bucket holds."""
+        layout = tuple((p.data_ptr(), p.numel()) for p in bucket.parameters())
+        key = bucket.index()
+        if memory is not None and self.seen.get(key, layout) != layout:
+            memory.reset(key)
+        self.seen[key] = layout

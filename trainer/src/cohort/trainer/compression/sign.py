@@ -108,6 +108,9 @@ class SignumMomentum:
     def update(self, key: Hashable, compensated: torch.Tensor, sent: torch.Tensor) -> None:
         """The momentum keeps everything: Signum has no error feedback."""
 
+    def reset(self, key: Hashable) -> None:
+        self.momenta.pop(key, None)
+
 
 @dataclass(frozen=True)
 class SignumConfig:

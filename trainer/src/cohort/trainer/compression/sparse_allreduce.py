@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from ..sync.base import SyncContext, allgather_bytes
-from .error_feedback import ErrorFeedback
+from .error_feedback import BucketLayouts, ErrorFeedback
 from .hooks import Hook
 
 
@@ -116,12 +116,14 @@ class SparseAllreduceState:
 
     def __init__(self, ctx: SyncContext, compressor: Any, error_feedback: ErrorFeedback | None):
         self.ctx, self.compressor, self.error_feedback = ctx, compressor, error_feedback
+        self.layouts = BucketLayouts()
 
 
 def sparse_allreduce_hook(state: SparseAllreduceState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Top-k of the (error-compensated) bucket, summed by :func:`sparse_allreduce`, averaged."""
     ctx, ef = state.ctx, state.error_feedback
     grad, key, world = bucket.buffer(), bucket.index(), ctx.world_size
+    state.layouts.check(bucket, ef)
     comp = state.compressor.layout([g.numel() for g in bucket.gradients()])
     x = ef.compensate(key, grad) if ef is not None else grad
     idx = comp.select(x)
