@@ -1,21 +1,41 @@
-"""Recovery after a worker is killed: Cohort in place vs torchrun elastic restart (a benchmark).
+"""Recovery after a killed worker: Cohort against torchrun elastic, equal end states (a benchmark).
 
-    python bench/recovery.py [--workers 4] [--every 50] [--kill-steps 110,125,140]
+    python bench/recovery.py [--workers 4] [--kills 5] [--every 1,10,50] [--steps 1200] [--no-cluster]
 
-The same model (MLP on digits, 4 ranks, gloo on CPU) is killed at the same
-step under both systems:
-- Cohort: `cohort run --local`; the launcher (the membership authority, as the
-  operator is on Kubernetes) publishes a world without the dead rank and the
-  survivors re-form their process group in place, continuing from the step
-  they hold.
-- torchrun elastic (c10d rendezvous, --max-restarts): every worker is
-  restarted, re-imports torch, re-rendezvouses and reloads the newest
-  checkpoint, taken every K steps.
-- Cohort on the local Kubernetes cluster (unless --no-cluster): the real
-  operator on real nodes (containers), with one spare that the operator promotes into
-  the next world as soon as the killed pod is reported failed.
-Recovery time is from the kill to the first completed step of the new world;
-steps lost are the completed steps that must be computed again.
+The same model (MLP on digits, 4 ranks, gloo on CPU, examples/digits.yaml's
+optimizer and batch) loses rank 2 to a SIGKILL at the same step under every
+system, in one invocation, interleaved, ``--kills`` times (kill steps 110,
+117, 124, ...: never a multiple of a checkpoint interval). Every system ends
+back at 4 ranks, and recovery ends at one event everywhere: the slowest
+rank's first completed step in the first world of 4 after the kill.
+
+- Cohort, spare: ``cohort run --local`` with ``replicas.spares: 1``. The
+  launcher (the membership authority, as the operator is on Kubernetes)
+  publishes a world with the ready spare in the dead rank's place; the
+  survivors re-form their process group in place and hand their state to the
+  spare. Checkpoints on as the example ships them (every 100 steps).
+- Cohort, replacement: no spare. The survivors continue at 3 at once; a new
+  process is started and joins when ready (a second world change, back at 4).
+- torchrun elastic (c10d rendezvous, ``--max-restarts 3``; its default
+  ``--monitor-interval`` is 0.1 s): every worker is restarted, re-imports torch,
+  re-rendezvouses and reloads the newest checkpoint, which rank 0 writes every
+  K steps (``--every``; torch.save and an atomic rename, bench/torchrun_worker.py).
+
+Phases, each to the slowest rank, from the processes' own timestamped logs:
+detect (kill to the launcher's new world, or to the first restarted process),
+process start and imports (restarted processes; Cohort's replacement),
+rendezvous (the process group formed; torchft: its quorum and the heal, which
+fetches the state from a peer), data, model and state (torchrun: the dataset,
+the model and the checkpoint load; Cohort: agreeing on the state and a peer's
+hand-over; torchft: the dataset and the model), first step. Steps lost are
+completed steps computed again (torchft: steps its survivors did not commit).
+Each cell is the mean [min-max] over the kills.
+
+- torchft 0.2.0 (if ``hack/torchft.sh`` installed it): its fault-tolerant DDP
+  with one replica group per process (bench/torchft_worker.py), its Rust
+  lighthouse with ``min_replicas`` 3 and its other settings as shipped; the
+  killed replica is restarted at once by this script (torchft leaves restarts
+  to the scheduler) and heals from a peer. Its survivors keep training at 3.
 """
 
 from __future__ import annotations
@@ -35,42 +55,69 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from bench.stats import host  # noqa: E402
 from tests.support.wait import wait_for  # noqa: E402
+
+PHASES = ("detect", "start+imports", "rendezvous", "data, model, state", "first step")
+
+
+def _records(run: Path) -> list[dict]:
+    out = []
+    for log in run.glob("*.log"):
+        out += [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    return out
+
+
+def cohort_once(tmp: Path, workers: int, kill_step: int, steps: int, spares: int) -> dict:
+    """One Cohort run; recovery time, phases and steps lost, back at ``workers`` ranks."""
+    manifest = yaml.safe_load((REPO / "examples/digits.yaml").read_text())
+    manifest["metadata"]["name"] = "recovery"
+    manifest["spec"]["workload"].update({"epochs": 0, "maxSteps": steps, "evalEveryEpochs": 0})
+    manifest["spec"]["replicas"]["spares"] = spares
+    mf = tmp / "job.yaml"
+    mf.write_text(yaml.safe_dump(manifest))
+    summary = tmp / "summary.json"
+    subprocess.run([sys.executable, "-m", "cohort.trainer.cli", "run", str(mf), "--local", "--workers",
+                    str(workers), "--run-dir", str(tmp / "run"), "--summary-json", str(summary)], check=True,
+                   env={**os.environ, "COHORT_FAULT_KILL": f"rank=2,step={kill_step}"},
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worlds = json.loads(summary.read_text())["worlds"]
+    recs = _records(tmp / "run")
+    t_kill = next(r["t"] for r in recs if r["msg"] == "fault injection: SIGKILL self")
+    after = [w for w in worlds if w["t"] > t_kill]
+    full = next(w for w in after if w["size"] == workers)  # the first world of 4 again
+    v = full["version"]
+
+    def last(msg: str) -> float:
+        return max(r["t"] if "t" in r else _ts(r["ts"]) for r in recs if r["msg"] == msg
+                   and r.get("world_version") == v)
+
+    out = {"detect": after[0]["t"] - t_kill}
+    if v != after[0]["version"]:  # a replacement, started when the first world without the dead rank was out,
+        # admitted once its health endpoint answers (before its trainer has finished starting: the rest of
+        # its start-up falls in "rendezvous")
+        out["start+imports"] = full["t"] - after[0]["t"]
+        resumed_at_3 = max(r["t"] for r in recs if r["msg"] == "first step in world" and r.get("world_version") ==
+                           after[0]["version"])
+        out["survivors continue"] = resumed_at_3 - t_kill
+    formed = last("process group formed")
+    joined = last("joined world")
+    first = last("first step in world")
+    out.update({"rendezvous": formed - full["t"], "data, model, state": joined - formed,
+                "first step": first - joined,
+                "total": first - t_kill,
+                "lost": kill_step - min(r["step"] for r in recs if r["msg"] == "joined world"
+                                        and r.get("world_version") == after[0]["version"])})
+    return out
 
 
 def _ts(value: str) -> float:
     return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=None).timestamp() - time.timezone
 
 
-def cohort_once(tmp: Path, workers: int, kill_step: int, steps: int) -> tuple[float, int]:
-    manifest = yaml.safe_load((REPO / "examples/digits.yaml").read_text())
-    manifest["metadata"]["name"] = "recovery"
-    manifest["spec"]["workload"].update({"epochs": 0, "maxSteps": steps})
-    manifest["spec"]["checkpoint"] = {"everySteps": 0}
-    mf = tmp / "job.yaml"
-    mf.write_text(yaml.safe_dump(manifest))
-    subprocess.run([sys.executable, "-m", "cohort.trainer.cli", "run", str(mf), "--local", "--workers",
-                    str(workers), "--run-dir", str(tmp / "run"), "--no-replace"], check=True,
-                   env={**os.environ, "COHORT_FAULT_KILL": f"rank=2,step={kill_step}"},
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    t_kill, recovered, resumed = None, [], []
-    for log in (tmp / "run").glob("*.log"):
-        for line in log.read_text().splitlines():
-            if not line.startswith("{"):
-                continue
-            rec = json.loads(line)
-            if rec["msg"] == "fault injection: SIGKILL self":
-                t_kill = rec["t"]
-            elif rec["msg"] == "recovered":
-                recovered.append(rec["t"])
-            elif rec["msg"] == "joined world" and rec.get("world_version") == 2:
-                resumed.append(rec["step"])
-    assert t_kill is not None and recovered and resumed, f"no recovery seen in {tmp / 'run'}"
-    return max(recovered) - t_kill, kill_step - min(resumed)
-
-
 def cluster_once(kill_step: int, steps: int, run: int) -> tuple[float, int]:
-    """One job on the local cluster's real nodes (cluster and operator started by hack/ scripts)."""
+    """One job on the local cluster's real nodes (cluster and operator started by hack/ scripts):
+    seconds from the kill to the slowest rank's first step of the next world (4 ranks: the spare), steps lost."""
     import importlib.util
 
     from kubernetes import client, config
@@ -118,56 +165,176 @@ def cluster_once(kill_step: int, steps: int, run: int) -> tuple[float, int]:
     for path in logs.glob(f"{ns}_{name}-worker-*_trainer.log"):
         records += [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
     t_kill = next(r["t"] for r in records if r["msg"] == "fault injection: SIGKILL self")
-    first = min(r["t"] for r in records if r["msg"] == "recovered" and r["t"] > t_kill)
+    # The slowest rank, the promoted spare included (images older than "first step in world": the survivors).
+    first = max(r["t"] for r in records if r["msg"] in ("first step in world", "recovered") and r["t"] > t_kill
+                and r.get("world_version") == min(x.get("world_version", 0) for x in records
+                                                  if x["msg"] == "joined world" and x["t"] > t_kill))
     resumed = min(r["step"] for r in records if r["msg"] == "joined world" and r["t"] > t_kill)
     custom.delete_namespaced_custom_object("cohort.dev", "v1alpha1", ns, "trainingjobs", name)
     return first - t_kill, max(0, kill_step - resumed)
 
 
-def torchrun_once(tmp: Path, workers: int, kill_step: int, steps: int, every: int, port: int) -> tuple[float, int]:
+def torchrun_once(tmp: Path, workers: int, kill_step: int, steps: int, every: int, port: int) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(workers),
            "--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-           "--monitor-interval", "0.1", str(REPO / "bench/torchrun_worker.py"), "--ckpt-dir", str(tmp),
+           str(REPO / "bench/torchrun_worker.py"), "--ckpt-dir", str(tmp),
            "--every", str(every), "--kill-step", str(kill_step), "--steps", str(steps)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"}).stdout
-    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    events = [json.loads(line) for f in tmp.glob("events-*.jsonl") for line in f.read_text().splitlines()]
     kill = next(e for e in events if e["event"] == "kill")
-    first = next(e for e in events if e["event"] == "first_step")
-    resumed = next((e["step"] for e in events if e["event"] == "resumed" and e["incarnation"] > 0), 0)
-    return first["t"] - kill["t"], kill["step"] - resumed
+
+    def last(name: str) -> float:
+        times = [e["t"] for e in events if e["event"] == name and e.get("incarnation") == 1]
+        assert len(times) == workers, (name, events)
+        return max(times)
+    started = min(e["t"] for e in events if e["event"] == "start" and e.get("incarnation") == 1)
+    imported, formed, loaded, first = last("imported"), last("rendezvous"), last("loaded"), last("first_step")
+    resumed = next(e["step"] for e in events if e["event"] == "loaded" and e.get("incarnation") == 1)
+    return {"detect": started - kill["t"], "start+imports": imported - started, "rendezvous": formed - imported,
+            "data, model, state": loaded - formed, "first step": first - loaded, "total": first - kill["t"],
+            "lost": kill["step"] - resumed}
+
+
+TORCHFT = Path(os.environ.get("COHORT_TORCHFT", Path.home() / ".cache/cohort/torchft-0.2.0"))
+LIGHTHOUSE = """
+import sys, time
+from torchft._torchft import LighthouseServer
+server = LighthouseServer(bind="[::]:0", min_replicas=int(sys.argv[1]))
+print(server.address(), flush=True)
+time.sleep(3600)
+"""
+
+
+def torchft_once(tmp: Path, workers: int, kill_step: int, steps: int, port: int) -> dict:
+    """torchft's fault-tolerant DDP, one replica group per process; the killed replica is restarted at once."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(TORCHFT), str(TORCHFT / "deps"), os.environ.get("PYTHONPATH", "")])}
+    lighthouse = subprocess.Popen([sys.executable, "-c", LIGHTHOUSE, str(workers - 1)], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    procs: dict[tuple[int, int], subprocess.Popen] = {}
+    spawned: dict[tuple[int, int], float] = {}
+    try:
+        assert lighthouse.stdout is not None
+        address = lighthouse.stdout.readline().strip()
+
+        def spawn(replica: int, incarnation: int) -> None:
+            out = open(tmp / f"r{replica}-{incarnation}.log", "w")  # noqa: SIM115 - the child's stdout
+            spawned[replica, incarnation] = time.time()
+            procs[replica, incarnation] = subprocess.Popen(
+                [sys.executable, str(REPO / "bench/torchft_worker.py"), "--replica", str(replica), "--incarnation",
+                 str(incarnation), "--lighthouse", address, "--store-port", str(port + 10 * incarnation + replica),
+                 "--replicas", str(workers), "--kill-step", str(kill_step), "--steps", str(steps)],
+                env=env, stdout=out, stderr=subprocess.STDOUT)
+            out.close()
+        for r in range(workers):
+            spawn(r, 0)
+        deadline = time.monotonic() + 240
+        while any(p.poll() is None for p in procs.values()):
+            victim = procs.get((2, 0))
+            if victim is not None and victim.poll() is not None and (2, 1) not in procs:
+                spawn(2, 1)  # the scheduler's part: torchft leaves restarts to it
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"torchft run did not finish; logs in {tmp}")
+            time.sleep(0.05)
+        failed = {k: p.returncode for k, p in procs.items() if p.returncode != 0 and k != (2, 0)}
+        assert not failed, f"torchft replicas failed: {failed}; logs in {tmp}"
+    finally:
+        for p in [*procs.values(), lighthouse]:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    events = []
+    for log in tmp.glob("r*.log"):
+        events += [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    kill = next(e for e in events if e["event"] == "kill")
+    new = [e for e in events if e["incarnation"] == 1]
+    imported = next(e["t"] for e in new if e["event"] == "imported")
+    built = next(e["t"] for e in new if e["event"] == "manager")
+    loaded = next(e["t"] for e in new if e["event"] == "loaded")
+    full = [e for e in events if e["event"] == "step" and e["t"] > kill["t"] and e["participants"] == workers
+            and e["committed"]]
+    firsts = {}
+    for e in sorted(full, key=lambda e: e["t"]):
+        firsts.setdefault((e["replica"], e["incarnation"]), e["t"])
+    assert len(firsts) == workers, (firsts, tmp)
+    first = max(firsts.values())
+    survivors = [e for e in events if e["event"] == "step" and e["t"] > kill["t"] and e["incarnation"] == 0
+                 and e["participants"] < workers]
+    at3 = {}
+    for e in sorted((e for e in survivors if e["committed"]), key=lambda e: e["t"]):
+        at3.setdefault(e["replica"], e["t"])
+    lost = sum(1 for e in survivors if not e["committed"]) / max(1, workers - 1)
+    # torchft's quorum and its peer-to-peer state transfer happen together (the heal): both in "rendezvous".
+    out = {"detect": spawned[2, 1] - kill["t"], "start+imports": imported - spawned[2, 1],
+           "data, model, state": built - imported, "rendezvous": loaded - built, "first step": first - loaded,
+           "total": first - kill["t"], "lost": lost}
+    if at3:
+        out["survivors continue"] = max(at3.values()) - kill["t"]
+    return out
+
+
+def cell(values: list[float], fmt: str = ".3f") -> str:
+    if not values:
+        return "—"
+    return f"{statistics.fmean(values):{fmt}} [{min(values):{fmt}}-{max(values):{fmt}}]"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--every", type=int, default=50, help="torchrun checkpoint interval K (steps)")
-    ap.add_argument("--kill-steps", default="110,125,140")
-    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--every", default="1,10,50", help="torchrun checkpoint intervals K (steps)")
+    ap.add_argument("--kills", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=1200, help="long enough for a replacement to start and join")
     ap.add_argument("--no-cluster", action="store_true", help="skip the run on the local Kubernetes cluster")
+    ap.add_argument("--systems", default="", help="only the systems whose names contain one of these (comma list)")
     args = ap.parse_args()
-    rows, cluster_rows = [], []
-    for i, s in enumerate(int(x) for x in args.kill_steps.split(",")):
-        with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-            c_time, c_lost = cohort_once(Path(a), args.workers, s, args.steps)
-            t_time, t_lost = torchrun_once(Path(b), args.workers, s, args.steps, args.every, 29850 + i)
-        rows.append((s, c_time, c_lost, t_time, t_lost))
+    started = host()
+    systems = ["Cohort, spare", "Cohort, replacement"] + [f"torchrun, K={k}" for k in args.every.split(",")]
+    if (TORCHFT / "torchft").is_dir():
+        systems.append("torchft 0.2.0")
+    else:
+        print(f"torchft not measured: no {TORCHFT}/torchft (hack/torchft.sh installs it)", file=sys.stderr)
+    if args.systems:
+        systems = [n for n in systems if any(part in n for part in args.systems.split(","))]
+    results: dict[str, list[dict]] = {name: [] for name in systems}
+    cluster_rows = []
+    for i in range(args.kills):
+        s = 110 + 7 * i
+        for name in systems:
+            with tempfile.TemporaryDirectory() as d:
+                if name == "Cohort, spare":
+                    r = cohort_once(Path(d), args.workers, s, args.steps, spares=1)
+                elif name == "Cohort, replacement":
+                    r = cohort_once(Path(d), args.workers, s, args.steps, spares=0)
+                elif name.startswith("torchft"):
+                    r = torchft_once(Path(d), args.workers, s, args.steps, 29700 + 40 * i)
+                else:
+                    r = torchrun_once(Path(d), args.workers, s, args.steps, int(name.split("=")[1]), 29850 + i)
+            results[name].append(r)
+            print(f"kill {i + 1}/{args.kills} at step {s}: {name}: {r['total']:.3f} s, {r['lost']} lost",
+                  file=sys.stderr, flush=True)
         if not args.no_cluster:
             cluster_rows.append((s, *cluster_once(s, max(args.steps, 3 * s), i)))
-    print(f"{args.workers} ranks, MLP on digits, gloo/CPU; torchrun checkpoints every K={args.every} steps")
-    print("| kill at step | Cohort recovery (s) | Cohort steps lost | torchrun recovery (s) | torchrun steps lost |"
-          " Cohort / torchrun time |")
-    print("|---|---|---|---|---|---|")
-    for s, ct, cl, tt, tl in rows:
-        print(f"| {s} | {ct:.3f} | {cl} | {tt:.3f} | {tl} | {ct / tt:.3f} |")
-    ct = statistics.mean(r[1] for r in rows)
-    tt = statistics.mean(r[3] for r in rows)
-    print(f"| mean | {ct:.3f} | {statistics.mean(r[2] for r in rows):.1f} | {tt:.3f} | "
-          f"{statistics.mean(r[4] for r in rows):.1f} | **{ct / tt:.3f}** |")
+    print(f"{args.workers} ranks, MLP on digits, gloo/CPU; {args.kills} kills (rank 2, SIGKILL, steps "
+          f"{', '.join(str(110 + 7 * i) for i in range(args.kills))}); started {started}; ended {host()}")
+    print("Every system ends back at 4 ranks; each cell: mean [min-max] over the kills, seconds.\n")
+    print("| system | kill → slowest rank's first step at 4 ranks | steps lost | " + " | ".join(PHASES)
+          + " | survivors train again at 3 |")
+    print("|---|---|---|" + "---|" * len(PHASES) + "---|")
+    for name in systems:
+        rs = results[name]
+        print(f"| {name} | **{cell([r['total'] for r in rs])}** | {cell([r['lost'] for r in rs], '.1f')} | "
+              + " | ".join(cell([r[p] for r in rs if p in r]) for p in PHASES)
+              + f" | {cell([r['survivors continue'] for r in rs if 'survivors continue' in r])} |")
+    if "Cohort, spare" in results:
+        spare = statistics.fmean(r["total"] for r in results["Cohort, spare"])
+        print("\nCohort (spare) against the others: " + ", ".join(
+            f"{n}: {spare / statistics.fmean(r['total'] for r in results[n]):.3f}x"
+            for n in systems if not n.startswith("Cohort")))
     if cluster_rows:
         print("\nOn the local Kubernetes cluster (operator, real nodes: containers, 4 workers + 1 spare "
-              "promoted at once):")
-        print("| kill at step | recovery, kill -> first step of the new world (s) | steps lost |")
+              "promoted at once; kill → slowest rank's first step of the new world):")
+        print("| kill at step | recovery (s) | steps lost |")
         print("|---|---|---|")
         for s, secs, lost in cluster_rows:
             print(f"| {s} | {secs:.3f} | {lost} |")

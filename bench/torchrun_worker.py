@@ -3,29 +3,41 @@
 It trains the same model on the same data as the Cohort run, saves a
 checkpoint (torch.save, atomic rename) every K steps from rank 0, and resumes
 from the newest one when torchrun restarts it. In its first incarnation the
-chosen rank SIGKILLs itself at the chosen step. Timestamps go to stdout as JSON.
+chosen rank SIGKILLs itself at the chosen step. Timestamps go to events-RANK-INCARNATION.jsonl in
+the checkpoint directory, as JSON lines,
+from every rank: process start (before torch is imported), imports done, the
+process group formed, the state loaded, the first step done.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import signal
 import time
-from pathlib import Path
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
+START = time.time()  # before torch is imported: the process start, as near as Python sees it
 
-from cohort.trainer.workloads.datasets import digits
-from cohort.trainer.workloads.models import MLP
+import argparse  # noqa: E402
+import signal  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+from cohort.trainer.workloads.datasets import digits  # noqa: E402
+from cohort.trainer.workloads.models import MLP  # noqa: E402
+
+IMPORTED = time.time()
 
 
-def say(**kv: object) -> None:
-    print(json.dumps({"t": time.time(), **kv}), flush=True)
+EVENTS: list = []  # this rank's event file, opened in main (ranks writing one stdout would interleave lines)
+
+
+def say(t: float | None = None, **kv: object) -> None:
+    EVENTS[0].write(json.dumps({"t": time.time() if t is None else t, **kv}) + "\n")
+    EVENTS[0].flush()
 
 
 def main() -> None:
@@ -48,6 +60,11 @@ def main() -> None:
     dist.init_process_group("gloo", store=dist.PrefixStore(f"incarnation-{incarnation}", store),
                             rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
     rank, world = dist.get_rank(), dist.get_world_size()
+    formed = time.time()
+    EVENTS.append(open(Path(args.ckpt_dir) / f"events-{rank}-{incarnation}.jsonl", "w"))  # noqa: SIM115
+    say(t=START, event="start", rank=rank, incarnation=incarnation)
+    say(t=IMPORTED, event="imported", rank=rank, incarnation=incarnation)
+    say(t=formed, event="rendezvous", rank=rank, incarnation=incarnation)
     data = digits()
     torch.manual_seed(0)
     model = DDP(MLP(data.info, hidden=128))
@@ -59,8 +76,7 @@ def main() -> None:
         model.module.load_state_dict(state["model"])
         opt.load_state_dict(state["optim"])
         start = state["step"]
-        if rank == 0:
-            say(event="resumed", step=start, incarnation=incarnation)
+    say(event="loaded", step=start, rank=rank, incarnation=incarnation)
     n = len(data.train_x)
     for step in range(start, args.steps):
         if incarnation == 0 and rank == args.kill_rank and step == args.kill_step:
@@ -73,8 +89,8 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(model(data.train_x[idx]), data.train_y[idx]).backward()
         opt.step()
-        if rank == 0 and step == start and incarnation > 0:
-            say(event="first_step", step=step + 1, incarnation=incarnation)
+        if step == start:
+            say(event="first_step", step=step + 1, rank=rank, incarnation=incarnation)
         if rank == 0 and (step + 1) % args.every == 0:
             tmp = ckpt.with_suffix(".tmp")
             torch.save({"model": model.module.state_dict(), "optim": opt.state_dict(), "step": step + 1}, tmp)
