@@ -4,11 +4,15 @@
                          [--worlds 2,4,8] [--skip-bytes] [--skip-train] [--skip-straggler]
 
 1. Bytes (the same Cohort code on a gloo group, P ranks, the digits MLP of
-   examples/digits.yaml): per rank and step, the wire bytes Cohort counts for
-   the collective it uses (ring allreduce 2(P-1)/P n, allgather (P-1) k, gossip
-   one message per neighbour), and the payload ratio (dense fp32 bytes /
-   payload bytes). Steady state: the first steps (PowerSGD's dense warm-up,
-   gossip's dense first exchange, local SGD's warm-up) are left out.
+   examples/digits.yaml), per rank and step, as the kernel counts them: each P
+   runs in a network namespace of its own (``unshare --net``; needs root), so
+   its loopback's tx_bytes is everything the ranks sent, TCP/IP headers, ACKs
+   and gloo's framing included. Beside it, Cohort's own count
+   (``cohort_bytes_sent_total``: the payload formula of the collective it uses,
+   ring allreduce 2(P-1)/P n, allgather (P-1) k, gossip one message per
+   neighbour), and the payload ratio (dense fp32 bytes / payload bytes).
+   Steady state: the first steps (PowerSGD's dense warm-up, gossip's dense
+   first exchange, local SGD's warm-up) are left out.
 2. Training (4 workers, examples/digits.yaml, 30 epochs): time per step and
    time to 95% test accuracy, on loopback, and with every worker in its own
    network namespace behind a veth pair rate-limited by tc (tbf) to 1 Gbit/s
@@ -42,15 +46,15 @@ from typing import Any
 
 import yaml
 
+from cohort.api.models import SUPPORTED_COMPRESSION
+
 REPO = Path(__file__).resolve().parents[1]
-ALL_PAIRS = [("allreduce", m) for m in ("none", "fp16", "bf16", "powersgd", "topk", "randomk", "qsgd", "terngrad",
-                                        "signsgd")] + \
-            [("gossip", m) for m in ("none", "fp16", "bf16", "topk", "randomk", "qsgd", "terngrad", "signsgd")] + \
-            [("localsgd", m) for m in ("none", "fp16", "bf16")]
-# The manifest settings trainer/tests/test_convergence.py uses (docs/algorithms.md).
-TUNED = {("allreduce", "randomk"): {"compression": {"ratio": 0.1}},
-         ("localsgd", "none"): {"sync": {"period": 4}}, ("localsgd", "fp16"): {"sync": {"period": 4}},
-         ("localsgd", "bf16"): {"sync": {"period": 4}}}
+# Every pair the API supports (SUPPORTED_COMPRESSION: the one declaration of them).
+ALL_PAIRS = [(sync, method) for sync, methods in SUPPORTED_COMPRESSION.items() for method in methods]
+# The manifest settings trainer/tests/test_convergence.py uses (docs/algorithms.md): one home, there.
+sys.path.insert(0, str(REPO / "trainer/tests"))
+from test_convergence import TUNED  # noqa: E402
+
 RATES = {"1gbit": "1gbit", "100mbit": "100mbit"}
 WORKERS = 4
 
@@ -62,6 +66,7 @@ def manifest(sync: str, method: str, hidden: int | None = None, **workload: Any)
     m["metadata"] = {"name": f"bench-{sync}-{method}"}
     m["spec"]["sync"] = {"algorithm": sync, **tuned.get("sync", {})}
     m["spec"]["compression"] = {"method": method, **tuned.get("compression", {})}
+    m["spec"]["workload"]["optimizer"] = {**m["spec"]["workload"]["optimizer"], **tuned.get("optimizer", {})}
     m["spec"]["checkpoint"] = {"everySteps": 0}
     m["spec"]["workload"].update(workload)
     if hidden:
@@ -69,7 +74,31 @@ def manifest(sync: str, method: str, hidden: int | None = None, **workload: Any)
     return m
 
 
-# --- 1. bytes per step, measured by Cohort's own accounting --------------------------
+# --- 1. bytes per step: the kernel's count, beside Cohort's own ---------------------------
+
+def lo_tx_bytes() -> int:
+    """This network namespace's loopback tx_bytes (the namespace holds only the ranks' traffic).
+
+    From /proc/net/dev, which shows the reader's network namespace; /sys/class/net shows the
+    namespace /sys was mounted in, and ``unshare --net`` does not remount it."""
+    for line in Path("/proc/net/dev").read_text().splitlines():
+        name, _, fields = line.partition(":")
+        if name.strip() == "lo":
+            return int(fields.split()[8])
+    raise RuntimeError("no loopback in /proc/net/dev")
+
+
+def quiet_tx_bytes(still_s: float = 0.1, limit_s: float = 10.0) -> int:
+    """The counter once it has not moved for ``still_s`` (late ACKs included), or after ``limit_s``."""
+    last, deadline = lo_tx_bytes(), time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        time.sleep(still_s)
+        now = lo_tx_bytes()
+        if now == last:
+            return now
+        last = now
+    return last
+
 
 def _bytes_worker(rank: int, world: int, port: int, pairs: list[tuple[str, str]], out: str) -> None:
     import torch
@@ -85,7 +114,20 @@ def _bytes_worker(rank: int, world: int, port: int, pairs: list[tuple[str, str]]
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    rows = {}
+    kernel = os.environ.get("COHORT_BENCH_NETNS") == "1"
+
+    def window_start() -> int:
+        dist.barrier()
+        start = quiet_tx_bytes() if kernel and rank == 0 else 0
+        dist.barrier()  # nobody sends until rank 0 has read the counter
+        return start
+
+    def window_end(start: int) -> int:
+        dist.barrier()
+        return quiet_tx_bytes() - start if kernel and rank == 0 else 0
+
+    empty = window_end(window_start())  # the windows' own barriers, subtracted from every pair
+    rows: dict[str, Any] = {"_barriers": empty}
     warm, measured = 6, 8
     for sync_name, method in pairs:
         spec = from_manifest(manifest(sync_name, method)).spec
@@ -97,9 +139,10 @@ def _bytes_worker(rank: int, world: int, port: int, pairs: list[tuple[str, str]]
         module = sync.wrap(model)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         g = torch.Generator().manual_seed(rank)
-        snap = None
+        snap, start = None, 0
         for step in range(warm + measured):
             if step == warm:
+                start = window_start()
                 snap = (ctx.stats.bytes_sent, ctx.stats.payload_bytes, ctx.stats.dense_bytes)
             opt.zero_grad()
             F.cross_entropy(module(torch.rand(32, 1, 8, 8, generator=g)), torch.randint(0, 10, (32,), generator=g)
@@ -111,25 +154,40 @@ def _bytes_worker(rank: int, world: int, port: int, pairs: list[tuple[str, str]]
         assert snap is not None
         wire, payload, dense = (b - a for a, b in zip(snap, (ctx.stats.bytes_sent, ctx.stats.payload_bytes,
                                                             ctx.stats.dense_bytes), strict=True))
-        rows[f"{sync_name}:{method}"] = {"wire": wire / measured, "payload": payload / measured,
-                                         "dense": dense / measured}
+        counted = [None] * world
+        dist.all_gather_object(counted, wire)  # Cohort's count, mean over ranks (as the kernel's is)
+        net = window_end(start) - empty
+        rows[f"{sync_name}:{method}"] = {"wire": sum(counted) / world / measured, "payload": payload / measured,
+                                         "dense": dense / measured,
+                                         "kernel": net / world / measured if kernel else None}
     dist.destroy_process_group()
     if rank == 0:
         Path(out).write_text(json.dumps(rows))
     exit_process(0)
 
 
-def measure_bytes(world: int, pairs: list[tuple[str, str]]) -> dict[str, dict[str, float]]:
-    import socket
-
+def _bytes_main(world: int, pairs: list[tuple[str, str]], out: str) -> int:
+    """Inside ``unshare --net``: bring the loopback up and run the ranks there."""
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    up = subprocess.run(["ip", "link", "set", "lo", "up"], capture_output=True, text=True)
+    if up.returncode != 0:
+        print(f"cannot bring up the namespace's loopback: {up.stderr.strip()}", file=sys.stderr)
+        return 1
+    os.environ["COHORT_BENCH_NETNS"] = "1"
+    mp.start_processes(_bytes_worker, args=(world, 29660, pairs, out), nprocs=world, start_method="spawn")
+    return 0
+
+
+def measure_bytes(world: int, pairs: list[tuple[str, str]]) -> dict[str, dict[str, float]]:
+    """Each world size in a network namespace of its own (``unshare --net``, needs root)."""
     with tempfile.TemporaryDirectory() as d:
         out = str(Path(d) / "bytes.json")
-        mp.start_processes(_bytes_worker, args=(world, port, pairs, out), nprocs=world, start_method="spawn")
+        cmd = ["unshare", "--net", sys.executable, __file__, "--bytes-worker", str(world), "--out", out,
+               "--pairs", ",".join(f"{s}:{m}" for s, m in pairs)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        if proc.returncode != 0:
+            raise RuntimeError(f"`{' '.join(cmd[:3])} ...` failed ({proc.returncode}): {proc.stderr[-2000:]}")
         return json.loads(Path(out).read_text())
 
 
@@ -306,25 +364,32 @@ def fmt(v: float | None, spec: str = ".2f", none: str = "-") -> str:
 
 def bytes_table(pairs: list[tuple[str, str]], worlds: list[int]) -> None:
     measured = {w: measure_bytes(w, pairs) for w in worlds}
-    dense = {w: measured[w]["allreduce:none"]["wire"] for w in worlds}
-    print("\n### Bytes per rank per step (digits MLP, 9610 parameters = 38440 dense fp32 bytes)\n")
+    dense = {w: measured[w]["allreduce:none"]["kernel"] for w in worlds}
+    print("\n### Bytes per rank per step, as the kernel counts them (digits MLP, 9610 parameters = 38440 dense "
+          "fp32 bytes)\n")
+    print("Each P in a network namespace of its own: its loopback's tx_bytes over 8 steps, divided by P and the "
+          "steps, less the measuring window's own barriers ("
+          + ", ".join(f"P={w}: {measured[w]['_barriers'] / w:,.0f} B per rank" for w in worlds)
+          + "). In parentheses: Cohort's count (`cohort_bytes_sent_total`, the mean over ranks).\n")
     head = "| pair | payload B per vector | payload ratio | " + " | ".join(
-        f"wire B P={w} | wire vs dense P={w}" for w in worlds) + " |"
+        f"kernel B P={w} (Cohort) | kernel / Cohort P={w} | vs dense P={w}" for w in worlds) + " |"
     print(head)
-    print("|" + "---|" * (3 + 2 * len(worlds)))
+    print("|" + "---|" * (3 + 3 * len(worlds)))
     for sync, method in pairs:
         row = measured[worlds[0]][f"{sync}:{method}"]
         ratio = row["dense"] / row["payload"] if row["payload"] else None
         per_vector = 4 * 9610 / ratio if ratio else 0.0  # a gossip step sends one vector per neighbour
         cells = []
         for w in worlds:
-            wire = measured[w][f"{sync}:{method}"]["wire"]
-            cells += [f"{wire:,.0f}", fmt(dense[w] / wire if wire else None, ".1f") + "x"]
+            r = measured[w][f"{sync}:{method}"]
+            cells += [f"{r['kernel']:,.0f} ({r['wire']:,.0f})", fmt(r["kernel"] / r["wire"] if r["wire"] else None,
+                                                                   ".2f"),
+                      fmt(dense[w] / r["kernel"] if r["kernel"] else None, ".1f") + "x"]
         print(f"| {sync} {method} | {per_vector:,.0f} | {fmt(ratio, '.1f')}x | " + " | ".join(cells) + " |")
     if not {"allreduce:topk", "allreduce:signsgd"} <= set(measured[worlds[0]]):
         return  # --pairs left out a pair the targets are stated for
     topk, sign = measured[worlds[0]]["allreduce:topk"], measured[worlds[0]]["allreduce:signsgd"]
-    print(f"\nTargets: topk(1%) payload ratio {topk['dense'] / topk['payload']:.1f}x (>= 40x: "
+    print(f"\nTargets (payload ratios, no framing): topk(1%) {topk['dense'] / topk['payload']:.1f}x (>= 40x: "
           f"{'met' if topk['dense'] / topk['payload'] >= 40 else 'MISSED'}); signsgd "
           f"{sign['dense'] / sign['payload']:.1f}x (>= 30x: {'met' if sign['dense'] / sign['payload'] >= 30 else 'MISSED'}).")
 
@@ -415,10 +480,14 @@ def main() -> int:
     ap.add_argument("--skip-bytes", action="store_true")
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--skip-straggler", action="store_true")
+    ap.add_argument("--bytes-worker", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--wide-nets", default="loopback,100mbit",
                     help="networks for a second, communication-bound pass (MLP hidden 2048, 10 epochs); '' skips it")
     args = ap.parse_args()
     pairs = [tuple(p.split(":")) for p in args.pairs.split(",")] if args.pairs else ALL_PAIRS
+    if args.bytes_worker:
+        return _bytes_main(args.bytes_worker, pairs, args.out)
     if ("allreduce", "none") not in pairs:
         pairs = [("allreduce", "none"), *pairs]  # the baseline every ratio is against
     print(f"## Communication ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPU cores, "
