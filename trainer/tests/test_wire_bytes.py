@@ -11,9 +11,15 @@ calls the pair made, within ``TOLERANCE`` of Cohort's count. A formula that
 forgets a collective or counts a payload twice leaves that band (PowerSGD's
 uncompressed allreduce alone is 19 % of its count).
 
+Local SGD is covered with its averaging every 2 steps. Its calls looked
+uncounted at first (9 allreduce calls against 3 averaging rounds): after its
+warm-up, torch's ``post_localSGD_hook`` still calls allreduce on every bucket,
+on a subgroup of one rank, which sends nothing. The probe now counts only calls
+on groups of more than one rank.
+
 Not covered: dense allreduce (DDP's C++ reducer makes its calls, which the probe
-cannot count), gossip (point-to-point messages) and local SGD (its averaging
-makes calls Cohort does not count yet; to be explained).
+cannot count) and gossip (point-to-point messages). Both are held to the
+kernel's count in bench/comm.py's bytes table (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -29,10 +29,13 @@ from typing import Any
 WORLD, WARM, MEASURED, HIDDEN = 4, 4, 6, 1024
 # (sync, method, collective): "-" where the collective field does not apply.
 # The pairs whose collectives all go through torch.distributed's Python functions (so they can be
-# counted here): dense allreduce runs in DDP's C++ reducer, and local SGD is left out (see the test).
+# counted here): dense allreduce runs in DDP's C++ reducer, gossip sends point to point (see the test).
 PAIRS = [("allreduce", "fp16", "-"), ("allreduce", "powersgd", "-"), ("allreduce", "topk", "allgather"),
          ("allreduce", "topk", "sparse"), ("allreduce", "qsgd", "-"), ("allreduce", "terngrad", "-"),
-         ("allreduce", "signsgd", "-")]
+         ("allreduce", "signsgd", "-"), ("allreduce", "dgc", "-"), ("allreduce", "threshold", "-"),
+         ("allreduce", "natural", "-"), ("allreduce", "onebit", "-"), ("allreduce", "signum", "-"),
+         ("localsgd", "none", "-"), ("localsgd", "fp16", "-")]
+LOCALSGD_PERIOD, LOCALSGD_WARMUP = 2, 2  # so the measured steps hold both local steps and averaging rounds
 KINDS = ("all_reduce", "all_gather_into_tensor", "all_to_all_single", "barrier")
 
 
@@ -63,13 +66,16 @@ def _probe(rank: int, world: int) -> dict:
     from gloo_ranks import job_spec
 
     from cohort.trainer.sync.base import CommStats, SyncContext
+    from cohort.trainer.sync.localsgd import LocalSGDConfig, LocalSGDSync
     from cohort.trainer.sync.registry import SYNCS
     from cohort.trainer.workloads.models import MLP, DataInfo
 
     calls = dict.fromkeys(KINDS, 0)
     for kind in KINDS:  # count the calls the code under test makes, by kind
         def counted(*args, _real=getattr(dist, kind), _kind=kind, **kwargs):
-            calls[_kind] += 1
+            group = kwargs.get("group")
+            if group is None or dist.get_world_size(group) > 1:  # a one-rank group's call sends nothing
+                calls[_kind] += 1
             return _real(*args, **kwargs)
         setattr(dist, kind, counted)
 
@@ -127,8 +133,10 @@ def _probe(rank: int, world: int) -> dict:
     out = {}
     for sync_name, method, collective in PAIRS:
         extra = {} if collective == "-" else {"collective": collective}
-        ctx = SyncContext(rank, world, job_spec(sync=sync_name, method=method, **extra), CommStats())
-        sync = SYNCS[sync_name](ctx)
+        ctx = SyncContext(rank, world, job_spec(sync=sync_name, method=method, period=LOCALSGD_PERIOD, **extra),
+                          CommStats())
+        sync = LocalSGDSync(ctx, LocalSGDConfig(warmup_steps=LOCALSGD_WARMUP)) if sync_name == "localsgd" \
+            else SYNCS[sync_name](ctx)
         torch.manual_seed(0)
         model = MLP(DataInfo((1, 8, 8), num_classes=10), hidden=HIDDEN)
         module = sync.wrap(model)
