@@ -118,14 +118,11 @@ def _ts(value: str) -> float:
 def cluster_once(kill_step: int, steps: int, run: int) -> tuple[float, int]:
     """One job on the local cluster's real nodes (cluster and operator started by hack/ scripts):
     seconds from the kill to the slowest rank's first step of the next world (4 ranks: the spare), steps lost."""
-    import importlib.util
-
     from kubernetes import client, config
 
-    spec = importlib.util.spec_from_file_location("podlogs", REPO / "hack/podlogs.py")
-    assert spec and spec.loader
-    podlogs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(podlogs)
+    sys.path.insert(0, str(REPO / "hack"))
+    import demo  # make demo's helpers: its CRD install
+    import podlogs
 
     env = {**os.environ, "COHORT_OPERATOR_ARGS": os.environ.get(
         "COHORT_OPERATOR_ARGS", "--namespace cohort-demo --namespace cohort-bench --progress-seconds 1 "
@@ -135,6 +132,7 @@ def cluster_once(kill_step: int, steps: int, run: int) -> tuple[float, int]:
     env["KUBECONFIG"] = kubeconfig
     subprocess.run([str(REPO / "hack/operator.sh"), "up"], check=True, capture_output=True, env=env)
     api = config.new_client_from_config(kubeconfig)
+    demo.apply_crds(api)  # as make demo does: the CRD from crds/, created or replaced
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     ns, name = "cohort-bench", f"recovery-{run}-{int(time.time())}"
     try:
