@@ -3,6 +3,11 @@
 The catalogue is fixed by docs/contracts.md §4 (the Grafana dashboard, the
 alerts and the operator's straggler detector read these names).
 
+/healthz is the readiness probe: 503 while the worker is still starting
+(importing, building its data and model), 200 once it can join a world, so
+neither the operator nor the local launcher admits a worker the world would
+then wait for.
+
 Why not ``prometheus_client.start_http_server``: a worker serves two more
 paths on the same port (/healthz for the kubelet, /progress for the operator's
 prober), and that server serves only /metrics. So one standard-library
@@ -65,6 +70,11 @@ class WorkerMetrics:
         with self._lock:
             self.progress.update(fields)
 
+    def starting(self) -> bool:
+        """Still building the workload (the trainer sets another state when it can join a world)."""
+        with self._lock:
+            return self.progress.get("state") == "starting"
+
     def progress_json(self) -> bytes:
         with self._lock:
             return json.dumps(self.progress).encode()
@@ -78,6 +88,9 @@ class WorkerMetrics:
                 if path == "/metrics":
                     body, ctype = generate_latest(metrics.registry), CONTENT_TYPE_LATEST
                 elif path == "/healthz":
+                    if metrics.starting():  # Ready means able to join a world: not while the workload builds
+                        self.send_error(503, "starting")
+                        return
                     body, ctype = b"ok\n", "text/plain"
                 elif path == "/progress":
                     body, ctype = metrics.progress_json(), "application/json"

@@ -1,0 +1,42 @@
+"""The worker's HTTP endpoints: /healthz is readiness, and a starting worker is not ready."""
+
+from __future__ import annotations
+
+import socket
+import urllib.error
+import urllib.request
+
+import pytest
+
+from cohort.trainer.metrics import WorkerMetrics
+
+
+def get(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+@pytest.fixture
+def served():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    metrics = WorkerMetrics()
+    server = metrics.serve("127.0.0.1", port)
+    yield metrics, port
+    server.shutdown()
+    server.server_close()
+
+
+def test_healthz_is_503_while_starting_and_200_once_the_worker_can_join(served):
+    metrics, port = served
+    assert get(port, "/healthz") == 503       # importing, building data and model: not Ready
+    assert get(port, "/progress") == 200      # progress and metrics answer all along
+    assert get(port, "/metrics") == 200
+    metrics.update_progress(state="waiting")  # what Trainer.run sets first
+    assert get(port, "/healthz") == 200
+    metrics.update_progress(state="training")
+    assert get(port, "/healthz") == 200
