@@ -124,7 +124,9 @@ def _bytes_worker(rank: int, world: int, port: int, pairs: list[tuple[str, str]]
 
     def window_end(start: int) -> int:
         dist.barrier()
-        return quiet_tx_bytes() - start if kernel and rank == 0 else 0
+        net = quiet_tx_bytes() - start if kernel and rank == 0 else 0
+        dist.barrier()  # nobody starts the next pair (its set-up talks) until rank 0 has read the counter
+        return net
 
     empty = window_end(window_start())  # the windows' own barriers, subtracted from every pair
     rows: dict[str, Any] = {"_barriers": empty}
