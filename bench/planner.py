@@ -86,7 +86,7 @@ def _step_worker(rank: int, world: int, port: int, args: argparse.Namespace, pla
                 dist.barrier()
                 t0 = time.perf_counter()
                 opt.zero_grad(set_to_none=True)
-                loss = plan.forward_backward(data.train_x[idx], data.train_y[idx], workload.loss_fn)
+                loss = plan.forward_backward(data.train.x[idx], data.train.y[idx], workload.loss_fn)
                 opt.step()
                 float(loss)
                 # A step ends when the slowest rank ends.

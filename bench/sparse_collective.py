@@ -66,9 +66,9 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str)
     unions, cohort_sparse = [], []
     g = torch.Generator().manual_seed(rank)
     for _ in range(args.steps):
-        idx = torch.randint(len(data.train_y), (32,), generator=g)
+        idx = torch.randint(len(data.train), (32,), generator=g)
         model.zero_grad()
-        F.cross_entropy(model(data.train_x[idx]), data.train_y[idx]).backward()
+        F.cross_entropy(model(data.train.x[idx]), data.train.y[idx]).backward()
         grad = torch.cat([p.grad.reshape(-1) for p in params])
         x = ef.compensate("all", grad)
         sel = topk.select(x)

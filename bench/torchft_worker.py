@@ -82,7 +82,7 @@ def main() -> None:
     say(event="manager", **me)
     model = DistributedDataParallel(manager, module)
     optimizer = Optimizer(manager, inner)
-    n = len(data.train_x)
+    n = len(data.train)
     while manager.current_step() < args.steps:
         step = manager.current_step()
         if args.incarnation == 0 and args.replica == args.kill_replica and step == args.kill_step:
@@ -95,7 +95,7 @@ def main() -> None:
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(step // per_epoch))
         offset = (step % per_epoch) * args.batch * world + rank * args.batch
         idx = perm[offset:offset + args.batch]
-        F.cross_entropy(model(data.train_x[idx]), data.train_y[idx]).backward()
+        F.cross_entropy(model(data.train.x[idx]), data.train.y[idx]).backward()
         optimizer.step()
         done = manager.current_step()  # steps committed so far (a healed replica jumped to its peers' count)
         say(event="step", step=done, committed=done > before, participants=world, **me)

@@ -77,7 +77,7 @@ def main() -> None:
         opt.load_state_dict(state["optim"])
         start = state["step"]
     say(event="loaded", step=start, rank=rank, incarnation=incarnation)
-    n = len(data.train_x)
+    n = len(data.train)
     for step in range(start, args.steps):
         if incarnation == 0 and rank == args.kill_rank and step == args.kill_step:
             say(event="kill", step=step)
@@ -87,7 +87,7 @@ def main() -> None:
         offset = (step % (n // (args.batch * world))) * args.batch * world + rank * args.batch
         idx = perm[offset:offset + args.batch]
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(data.train_x[idx]), data.train_y[idx]).backward()
+        F.cross_entropy(model(data.train.x[idx]), data.train.y[idx]).backward()
         opt.step()
         if step == start:
             say(event="first_step", step=step + 1, rank=rank, incarnation=incarnation)

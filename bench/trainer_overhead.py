@@ -52,7 +52,7 @@ def bare_worker(rank: int, world: int, port: int, args: argparse.Namespace, out:
     model = DDP(MLP(data.info, hidden=args.hidden, depth=args.depth))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     g = torch.Generator().manual_seed(0)
-    perm = torch.randperm(len(data.train_x), generator=g)
+    perm = torch.randperm(len(data.train), generator=g)
     walls, ends = [], []
     offset = 0
     for _ in range(args.steps):
@@ -61,7 +61,7 @@ def bare_worker(rank: int, world: int, port: int, args: argparse.Namespace, out:
         t0 = time.perf_counter()
         idx = perm[offset + rank * args.batch: offset + (rank + 1) * args.batch]
         opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(model(data.train_x[idx]), data.train_y[idx])
+        loss = torch.nn.functional.cross_entropy(model(data.train.x[idx]), data.train.y[idx])
         loss.backward()
         opt.step()
         loss.detach().item()

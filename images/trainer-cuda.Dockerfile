@@ -20,10 +20,12 @@ WORKDIR /src
 COPY hack/requirements.txt hack/requirements.txt
 RUN grep -E '^torch==' hack/requirements.txt > /tmp/torch.txt \
  && grep -E '^(numpy|scikit-learn|pyyaml|prometheus-client)==' hack/requirements.txt > /tmp/requirements.txt \
+ && grep -E '^tokenizers==' hack/requirements.txt > /tmp/tokenizers.txt \
  && test "$(wc -l < /tmp/torch.txt)" -eq 1 && test "$(wc -l < /tmp/requirements.txt)" -eq 4 \
  && python -m venv /opt/cohort \
  && /opt/cohort/bin/pip install --no-cache-dir ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} -r /tmp/torch.txt \
  && /opt/cohort/bin/pip install --no-cache-dir -r /tmp/requirements.txt \
+ && /opt/cohort/bin/pip install --no-cache-dir --no-deps -r /tmp/tokenizers.txt \
  && /opt/cohort/bin/python -m compileall -q -x 'torch/testing/_internal/py3[1-9][0-9]_' /opt/cohort/lib
 
 # The project in a directory of its own, so that a code change leaves the

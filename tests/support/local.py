@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ def cohort(*args: str, env: dict[str, str] | None = None, timeout: float = 300) 
 
 
 def run_local(tmp: Path, m: dict[str, Any], workers: int, env: dict[str, str] | None = None,
-              ckpt: Path | None = None, timeout: float = 300) -> dict[str, Any]:
+              ckpt: Path | None = None, timeout: float = 300, extra: Sequence[str] = ()) -> dict[str, Any]:
     """Run a manifest to completion; return the summary (fails the test with the logs otherwise)."""
     mf = write_manifest(tmp / f"{m['metadata']['name']}.yaml", m)
     summary = tmp / "summary.json"
@@ -50,16 +51,18 @@ def run_local(tmp: Path, m: dict[str, Any], workers: int, env: dict[str, str] | 
             "--summary-json", str(summary)]
     if ckpt is not None:
         args += ["--checkpoint-dir", str(ckpt)]
-    proc = cohort(*args, env=env, timeout=timeout)
+    proc = cohort(*args, *extra, env=env, timeout=timeout)
     assert proc.returncode == 0, f"cohort run failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
     return json.loads(summary.read_text())
 
 
-def start_local(tmp: Path, m: dict[str, Any], workers: int, ckpt: Path, extra: list[str] = ()) -> subprocess.Popen:
+def start_local(tmp: Path, m: dict[str, Any], workers: int, ckpt: Path, extra: Sequence[str] = (),
+                env: dict[str, str] | None = None) -> subprocess.Popen:
     mf = write_manifest(tmp / f"{m['metadata']['name']}.yaml", m)
     return subprocess.Popen([sys.executable, "-m", "cohort.trainer.cli", "run", str(mf), "--local", "--workers",
                              str(workers), "--run-dir", str(tmp / "run"), "--checkpoint-dir", str(ckpt), *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                            env={**os.environ, **(env or {})})
 
 
 def kill_tree(proc: subprocess.Popen) -> None:

@@ -51,14 +51,14 @@ def _worker(rank: int, world: int, port: int, dims: ParallelDims, root: str, mod
     plan = MeshPlan(PlanContext(spec, rank, world, CommStats()), dims, batch_size=8 // dims.dp)
     model = plan.apply(workload.model)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-    state = TrainState(workload.model, opt, ElasticSampler(len(workload.data.train_x), 8, 0))
+    state = TrainState(workload.model, opt, ElasticSampler(len(workload.data.train), 8, 0))
     ckpt = Checkpointer(root, keep=2, async_save=True)
     if mode == "save":
         b = plan.batch_size
         for step in range(2):
             idx = torch.arange(plan.dp_rank * b, (plan.dp_rank + 1) * b) + 8 * step
             opt.zero_grad()
-            plan.forward_backward(workload.data.train_x[idx], workload.data.train_y[idx], workload.loss_fn)
+            plan.forward_backward(workload.data.train.x[idx], workload.data.train.y[idx], workload.loss_fn)
             opt.step()
         state.step = 2
         ckpt.save(2, state.checkpoint_state(), {}, coordinator=rank == 0, group=plan.checkpoint_group, sharded=True)

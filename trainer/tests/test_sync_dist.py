@@ -592,9 +592,9 @@ def _consensus_vs_lr(rank: int, world: int, lrs: list[float], methods: list[str]
             opt = torch.optim.SGD(model.parameters(), lr=lr)
             g = torch.Generator().manual_seed(0)
             for step in range(1, steps + 1):
-                idx = torch.randperm(len(data.train_y), generator=g)[rank * 32:(rank + 1) * 32]
+                idx = torch.randperm(len(data.train), generator=g)[rank * 32:(rank + 1) * 32]
                 opt.zero_grad()
-                F.cross_entropy(model(data.train_x[idx]), data.train_y[idx]).backward()
+                F.cross_entropy(model(data.train.x[idx]), data.train.y[idx]).backward()
                 opt.step()
                 sync.after_step(model, step)
             sync.settle(model)

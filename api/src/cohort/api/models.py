@@ -26,7 +26,7 @@ MANAGED_BY_SELF = "cohort.dev/operator"
 MANAGED_BY_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[-A-Za-z0-9_.]{1,63})?$"
 
 BUILTIN_MODELS = ("mlp", "convnet", "transformer")
-BUILTIN_DATASETS = ("digits", "synthetic-classification", "synthetic-lm")
+BUILTIN_DATASETS = ("digits", "synthetic-classification", "synthetic-lm", "tokens", "python-source")
 # A user entry point: an importable module path and a function name.
 ENTRY_POINT = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*"
 
@@ -116,8 +116,12 @@ class Workload:
                        doc="Built-in model (mlp, convnet, transformer) or a user entry point 'pkg.module:function'.")
     model_args: dict[str, Any] = field({}, free_form=True, doc="Free-form arguments for the model.")
     dataset: str = field(pattern=_name_pattern(BUILTIN_DATASETS),
-                         pattern_message="must be one of digits, synthetic-classification, synthetic-lm or 'pkg.module:function'",
-                         doc="Built-in dataset (digits, synthetic-classification, synthetic-lm) or 'pkg.module:function'.")
+                         pattern_message="must be one of digits, synthetic-classification, synthetic-lm, tokens, "
+                                         "python-source or 'pkg.module:function'",
+                         doc="Built-in dataset (digits, synthetic-classification, synthetic-lm; tokens: token "
+                             "shards at datasetArgs.path, a directory or fsspec URL; python-source: the Python "
+                             "standard library's source, BPE-tokenised once and cached) or 'pkg.module:function' "
+                             "returning a Data (docs/workloads.md).")
     dataset_args: dict[str, Any] = field({}, free_form=True, doc="Free-form arguments for the dataset.")
     epochs: int = field(10, minimum=0, doc="Passes over the training set (0 when maxSteps sets the length).")
     max_steps: int = field(0, minimum=0, doc="Stop after this many optimizer steps (0: use epochs).")
@@ -129,11 +133,17 @@ class Workload:
             "ranks). When the world shrinks, each rank accumulates gradients over more micro-batches, so the "
             "optimisation does not depend on how many pods are alive; communication runs once per step. "
             "Strategy data only; lrScaling then counts globalBatchSize / batchSize ranks.")
+    data_loader_workers: int = field(
+        0, minimum=0, maximum=64,
+        doc="DataLoader worker processes per rank that fetch the next steps' samples ahead of time (0: fetch in "
+            "the training process). The data order stays the trainer's, so resume stays exact.")
     optimizer: Optimizer = field(Optimizer, doc="Optimizer settings.")
     seed: int = field(0, minimum=0, doc="Seed for parameters, data order and every random choice.")
     precision: Literal["fp32", "bf16"] = field("fp32", doc="bf16 runs forward/backward under autocast.")
     deterministic: bool = field(True, doc="Use deterministic algorithms (required for bitwise resume).")
     eval_every_epochs: int = field(1, minimum=0, doc="Evaluate on the test split every N epochs (0: only at the end).")
+    eval_every_steps: int = field(0, minimum=0, doc="Also evaluate every N optimizer steps (0: off); for runs "
+                                                    "measured in steps (maxSteps), where epochs are long.")
 
 
 @dataclass

@@ -42,7 +42,7 @@ def _measured_spec(spec: TrainingJobSpec) -> ModelProfile:
 
     w = spec.workload
     data = build_data(w.dataset, w.dataset_args)
-    info, sample = data.info, data.train_x[:1].to("meta")
+    info, sample = data.info, data.train.fetch(torch.tensor([0]))[0].to("meta")
     with torch.device("meta"):
         if ":" in w.model:
             model = load_entry_point(w.model, "spec.workload.model")(info, **w.model_args)

@@ -10,6 +10,7 @@ checkpoint at another size.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -45,6 +46,14 @@ class ElasticSampler:
         g = self.global_batch(world_size)
         start, end = self.offset + g * rank // world_size, self.offset + g * (rank + 1) // world_size
         return self._permutation()[start:end]
+
+    def upcoming(self, rank: int, world_size: int) -> Iterator[torch.Tensor]:
+        """This rank's indices for the current step and each later one of this epoch, in this world."""
+        epoch, offset, g = self.epoch, self.offset, self.global_batch(world_size)
+        perm = self._permutation()
+        while epoch == self.epoch and offset + g <= self.num_samples:
+            yield perm[offset + g * rank // world_size:offset + g * (rank + 1) // world_size]
+            offset += g
 
     def micro_batches(self, world_size: int) -> int:
         """How many micro-batches of at most ``batch_size`` every rank runs per step (the largest share's)."""

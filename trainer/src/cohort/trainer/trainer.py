@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from cohort.api.models import TrainingJobSpec
 from . import log as logmod
 from .checkpoint import Checkpointer
 from .faults import Faults
+from .loader import BatchLoader
 from .metrics import WorkerMetrics
 from .parallel.base import Plan, PlanContext
 from .parallel.registry import PARALLELISMS
@@ -105,6 +107,12 @@ class Trainer:
         port = int(env.get("COHORT_METRICS_PORT", cfg.metrics_port)) + int(env.get("LOCAL_RANK", "0"))
         self.http = self.metrics.serve(self.ip, port)
         self.faults = Faults.from_env(env)
+        # COHORT_SAMPLE_LOG=<dir>: each completed step appends the sample indices this rank trained on to
+        # <dir>/<pod>.jsonl (an audit of the data order; the exact-resume tests read it).
+        sample_dir = env.get("COHORT_SAMPLE_LOG")
+        self.sample_log = Path(sample_dir) / f"{self.pod}.jsonl" if sample_dir else None
+        if self.sample_log is not None:
+            self.sample_log.parent.mkdir(parents=True, exist_ok=True)
 
         self.workload = build_workload(self.spec)
         self.model = self.workload.model
@@ -114,8 +122,9 @@ class Trainer:
         self.sharded_model = False  # the model holds one world's shards (set by _enter_sharded)
         self.optimizer = build_optimizer(self.model.parameters(), self.spec.workload.optimizer)
         data = self.workload.data
-        self.sampler = ElasticSampler(len(data.train_x), self.spec.workload.batch_size, self.spec.workload.seed,
+        self.sampler = ElasticSampler(len(data.train), self.spec.workload.batch_size, self.spec.workload.seed,
                                       self.spec.workload.global_batch_size)
+        self.loader = BatchLoader(data.train, self.spec.workload.data_loader_workers)
         self.state = TrainState(self.model, self.optimizer, self.sampler)
         ck_root = self.spec.checkpoint.path.rstrip("/") + "/" + cfg.name
         self.ckpt = Checkpointer(map_path(ck_root), self.spec.checkpoint.keep, self.spec.checkpoint.async_,
@@ -312,12 +321,15 @@ class Trainer:
                 self._end_epoch()
                 continue
             self._step(size)
+            every = self.spec.workload.eval_every_steps
+            if every and self.state.step % every == 0 and not self._done():  # the final evaluation follows
+                self.evaluate()
             self._maybe_checkpoint()
             self.clock.record(self.last_wall)
 
     def _step(self, size: int) -> None:
         assert self.plan is not None
-        data, step = self.workload.data, self.state.step
+        step = self.state.step
         self.faults.before_step(self.rank, step)
         t0 = time.perf_counter()
         hook_mark = self.stats.last_hook_time
@@ -329,7 +341,7 @@ class Trainer:
         autocast = torch.autocast("cpu", dtype=torch.bfloat16) if self.spec.workload.precision == "bf16" \
             else nullcontext()
         with autocast:
-            loss = self._forward_backward(data, idx, size)
+            loss = self._forward_backward(idx, size)
         t_bwd = time.perf_counter()
         exposed = t_bwd - self.stats.last_hook_time if self.stats.last_hook_time > hook_mark else 0.0
         compute = (t_bwd - t0) - exposed
@@ -343,28 +355,43 @@ class Trainer:
         t_end = time.perf_counter()
         comm = exposed + (t_end - t_opt)
         compute += t_opt - t_bwd
+        if self.sample_log is not None:
+            self._log_samples(step, idx)
         self.sampler.advance(size)
         self.state.step = step + 1
         self.state.has_state = True
         self._record_step(t_end - t0, compute, comm, float(loss), size)
 
-    def _forward_backward(self, data: Any, idx: torch.Tensor, size: int) -> torch.Tensor:
+    def _log_samples(self, step: int, idx: torch.Tensor) -> None:
+        assert self.sample_log is not None and self.plan is not None and self.world is not None
+        line = {"step": step, "epoch": self.sampler.epoch, "offset": self.sampler.offset,
+                "samples": self.sampler.num_samples,
+                "world_version": self.world.version, "size": self.plan.dp_size, "dp_rank": self.plan.dp_rank,
+                "indices": idx.tolist()}
+        with open(self.sample_log, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    def _forward_backward(self, idx: torch.Tensor, size: int) -> torch.Tensor:
         """This rank's share of the step, in as many micro-batches as the largest share needs (one, unless
         workload.globalBatchSize asks for more samples than batchSize x ranks). Each micro-batch's loss is
         weighted by its samples x dp / globalBatch, so DDP's mean over ranks is the mean over the global
         batch; only the last backward communicates."""
         assert self.plan is not None
-        chunks = [c for c in torch.tensor_split(idx, self.sampler.micro_batches(size)) if len(c)]
-        if len(chunks) == 1 and len(idx) * size == self.sampler.global_batch(size):
-            return self.plan.forward_backward(data.train_x[idx], data.train_y[idx], self.workload.loss_fn)
+        dp_rank = self.plan.dp_rank
+        x, y = self.loader.get(idx, lambda: self.sampler.upcoming(dp_rank, size))
+        parts = self.sampler.micro_batches(size)
+        if parts == 1 and len(idx) * size == self.sampler.global_batch(size):
+            return self.plan.forward_backward(x, y, self.workload.loss_fn)
         total = float(self.sampler.global_batch(size))
         loss = torch.zeros(())
-        for i, c in enumerate(chunks):
-            scale = len(c) * size / total
+        chunks = [(cx, cy) for cx, cy in zip(torch.tensor_split(x, parts), torch.tensor_split(y, parts),
+                                             strict=True) if len(cx)]
+        for i, (cx, cy) in enumerate(chunks):
+            scale = len(cx) * size / total
             sync = self.plan.accumulating() if i < len(chunks) - 1 else nullcontext()
             with sync:
-                part = self.plan.forward_backward(data.train_x[c], data.train_y[c], self.workload.loss_fn, scale)
-            loss += part * len(c) / len(idx)
+                part = self.plan.forward_backward(cx, cy, self.workload.loss_fn, scale)
+            loss += part * len(cx) / len(idx)
         return loss
 
     def _record_step(self, wall: float, compute: float, comm: float, loss: float, size: int) -> None:
@@ -442,8 +469,10 @@ class Trainer:
         module.eval()
         sums: dict[str, float] = {}
         with torch.no_grad():
-            for idx, out in self.plan.eval_outputs(data.eval_x):
-                for k, v in self.workload.batch_metrics(out, data.eval_y[idx]).items():
+            # Batches of 4 x batchSize: no activations are kept for a backward, but the outputs (an lm's
+            # logits: batch x seq x vocab) are as large as the training step's.
+            for target, out in self.plan.eval_outputs(data.eval, 4 * self.spec.workload.batch_size):
+                for k, v in self.workload.batch_metrics(out, target).items():
                     sums[k] = sums.get(k, 0.0) + v
         module.train(was_training)
         keys = sorted(sums) or ["count"]

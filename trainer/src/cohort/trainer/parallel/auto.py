@@ -31,6 +31,7 @@ from ..log import get_logger
 from ..planner import Candidate, Hardware, best_plan, load_hardware, rank_plans
 from ..planner.dims import ParallelDims
 from ..profiling import profile_model
+from ..workloads.splits import Split
 from .base import Plan, PlanContext
 from .data import DataParallel
 from .dims import ParallelismError
@@ -152,8 +153,8 @@ class AutoPlan(Plan):
     def eval_module(self) -> nn.Module:
         return self.inner.eval_module()
 
-    def eval_outputs(self, inputs: torch.Tensor, batch: int = 256) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        return self.inner.eval_outputs(inputs, batch)
+    def eval_outputs(self, split: Split, batch: int = 256) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return self.inner.eval_outputs(split, batch)
 
     def describe(self) -> str:
         return "auto: " + self.inner.describe()

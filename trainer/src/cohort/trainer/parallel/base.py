@@ -25,6 +25,7 @@ from torch import nn
 from cohort.api.models import TrainingJobSpec
 
 from ..sync.base import CommStats
+from ..workloads.splits import Split
 from .clip import clip_grad_norm
 
 
@@ -95,17 +96,17 @@ class Plan(ABC):
         assert self.module is not None
         return self.module
 
-    def eval_outputs(self, inputs: torch.Tensor, batch: int = 256) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """(indices, model outputs) for this rank's share of ``inputs``, batch by batch.
+    def eval_outputs(self, split: Split, batch: int = 256) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """(targets, model outputs) for this rank's share of the eval ``split``, batch by batch.
 
         Ranks whose outputs duplicate another's (tp peers, non-last pipeline
         stages) yield nothing, so metric sums over all ranks count each sample once.
         """
         module = self.eval_module()
-        shard = torch.arange(self.dp_rank, len(inputs), self.dp_size)
+        shard = torch.arange(self.dp_rank, len(split), self.dp_size)
         for start in range(0, len(shard), batch):
-            idx = shard[start:start + batch]
-            yield idx, module(inputs[idx])
+            x, y = split.fetch(shard[start:start + batch])
+            yield y, module(x)
 
     def describe(self) -> str:
         return f"dp={self.dp_size}"

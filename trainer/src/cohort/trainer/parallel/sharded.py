@@ -20,6 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from cohort.api.models import TrainingJobSpec
 
 from ..planner.dims import ParallelDims
+from ..workloads.splits import Split
 from .base import Plan, PlanContext
 from .clip import clip_grad_norm
 from .dims import ParallelismError
@@ -87,17 +88,17 @@ class MeshPlan(Plan):
         stages = self.mesh["pp"].get_group() if self.dims.pp > 1 else None
         return clip_grad_norm(self.parts.module.parameters(), max_norm, stages)
 
-    def eval_outputs(self, inputs: torch.Tensor, batch: int = 256) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def eval_outputs(self, split: Split, batch: int = 256) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         assert self.parts is not None
         # Equal shards: FSDP and tp all-gather inside forward, so every dp rank must run as many batches.
-        per_rank = len(inputs) // self.dims.dp
+        per_rank = len(split) // self.dims.dp
         shard = torch.arange(self._dp_rank, per_rank * self.dims.dp, self.dims.dp)
         pipeline = self.parts.pipeline
         for start in range(0, len(shard), batch):
-            idx = shard[start:start + batch]
-            out = pipeline.forward(inputs[idx]) if pipeline is not None else self.parts.module(inputs[idx])
+            x, y = split.fetch(shard[start:start + batch])
+            out = pipeline.forward(x) if pipeline is not None else self.parts.module(x)
             if out is not None and self.tp_rank == 0:
-                yield idx, out
+                yield y, out
 
     def describe(self) -> str:
         return self.dims.describe()

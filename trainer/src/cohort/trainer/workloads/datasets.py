@@ -1,33 +1,24 @@
-"""Built-in datasets, keyed by the CRD's ``workload.dataset`` strings.
+"""Built-in datasets, keyed by the CRD's ``workload.dataset`` strings; each returns a ``data.Data``.
 
-All are small, in memory and reproducible: scikit-learn's bundled digits with
-a fixed train/test split, and two generated ones whose seed is part of their
-arguments. Nothing is downloaded.
+Three are small, in memory and reproducible: scikit-learn's bundled digits
+with a fixed train/test split, and two generated ones whose seed is part of
+their arguments. Two are file-backed: ``tokens`` reads token shards from a
+path or fsspec URL (``workloads/tokens.py``), and ``python-source`` prepares
+such shards once from the Python standard library's own source
+(``workloads/python_source.py``). Nothing is downloaded.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
+from .data import Data
 from .defaults import SYNTHETIC_LM
 from .models import DataInfo
 
 SPLIT_SEED = 1234  # the digits split never changes with the workload seed
-
-
-@dataclass
-class Data:
-    """Train and eval tensors plus what the model needs to know."""
-
-    train_x: torch.Tensor
-    train_y: torch.Tensor
-    eval_x: torch.Tensor
-    eval_y: torch.Tensor
-    info: DataInfo
-    task: str  # "classification" or "lm"
 
 
 def digits(test_fraction: float = 0.2) -> Data:
@@ -42,7 +33,7 @@ def digits(test_fraction: float = 0.2) -> Data:
     # Standardise each pixel with train-split statistics (sparse border pixels otherwise dominate).
     mean, std = x[train].mean(0, keepdim=True), x[train].std(0, keepdim=True).clamp_min(0.1)
     x = (x - mean) / std
-    return Data(x[train], y[train], x[test], y[test], DataInfo((1, 8, 8), num_classes=10), "classification")
+    return Data.from_tensors(x[train], y[train], x[test], y[test], DataInfo((1, 8, 8), num_classes=10), "classification")
 
 
 def synthetic_classification(samples: int = 4096, features: int = 32, classes: int = 4,
@@ -52,7 +43,7 @@ def synthetic_classification(samples: int = 4096, features: int = 32, classes: i
     y = torch.randint(0, classes, (samples,), generator=g)
     x = centers[y] + noise * torch.randn(samples, features, generator=g)
     n_test = int(samples * test_fraction)
-    return Data(x[n_test:], y[n_test:], x[:n_test], y[:n_test], DataInfo((features,), num_classes=classes),
+    return Data.from_tensors(x[n_test:], y[n_test:], x[:n_test], y[:n_test], DataInfo((features,), num_classes=classes),
                 "classification")
 
 
@@ -69,9 +60,24 @@ def synthetic_lm(sequences: int = SYNTHETIC_LM.sequences, seq_len: int = SYNTHET
         tokens[:, t + 1] = successors[tokens[:, t], choice]
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     n_test = int(sequences * test_fraction)
-    return Data(x[n_test:], y[n_test:], x[:n_test], y[:n_test],
+    return Data.from_tensors(x[n_test:], y[n_test:], x[:n_test], y[:n_test],
                 DataInfo((seq_len,), vocab_size=vocab, seq_len=seq_len), "lm")
 
 
+def tokens(path: str, seq_len: int = 128) -> Data:
+    """Token shards written by ``tokens.write_shards`` (a directory or fsspec URL): windows of seq_len + 1 tokens."""
+    from .tokens import load_token_data
+
+    return load_token_data(path, seq_len)
+
+
+def python_source(seq_len: int = 128, vocab_size: int = 4096, cache_dir: str = "", eval_fraction: float = 0.05) -> Data:
+    """This Python's standard library sources, BPE-tokenised once into cached shards (python_source.py)."""
+    from .python_source import prepare
+
+    return tokens(str(prepare(vocab_size=vocab_size, cache_dir=cache_dir, eval_fraction=eval_fraction)), seq_len)
+
+
 DATASETS: dict[str, Callable[..., Data]] = {"digits": digits, "synthetic-classification": synthetic_classification,
-                                            "synthetic-lm": synthetic_lm}
+                                            "synthetic-lm": synthetic_lm, "tokens": tokens,
+                                            "python-source": python_source}

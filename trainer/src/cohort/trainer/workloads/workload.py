@@ -3,8 +3,10 @@
 User code plugs in through ``"pkg.module:function"`` strings:
 
 - ``workload.dataset: "pkg.mod:make_data"`` is called as ``make_data(**datasetArgs)``
-  and returns a :class:`~cohort.trainer.workloads.datasets.Data` (train/eval
-  tensors, a :class:`DataInfo`, and ``task`` = "classification" or "lm").
+  and returns a :class:`~cohort.trainer.workloads.data.Data`: train and
+  eval splits (map-style ``torch.utils.data.Dataset`` objects of (input,
+  target) pairs, or tensor pairs), a :class:`DataInfo`, and ``task`` =
+  "classification" or "lm".
 - ``workload.model: "pkg.mod:make_model"`` is called as
   ``make_model(info, **modelArgs)`` with the dataset's :class:`DataInfo`, and
   returns an ``nn.Module`` (trained with the task's loss), or a whole
@@ -25,7 +27,8 @@ from torch import nn
 
 from cohort.api.models import TrainingJobSpec
 
-from .datasets import DATASETS, Data
+from .data import Data
+from .datasets import DATASETS
 from .models import MODELS, DataInfo
 
 
@@ -126,7 +129,9 @@ def build_workload(spec: TrainingJobSpec, seed: int | None = None) -> Workload:
 def _call(fn: Callable[..., Any], field_name: str, *args: Any, **kwargs: Any) -> Any:
     try:
         return fn(*args, **kwargs)
-    except TypeError as e:
+    except WorkloadError:
+        raise
+    except (TypeError, ValueError, OSError) as e:  # bad arguments, bad files
         raise WorkloadError(f"{field_name}: {e}") from e
 
 

@@ -1,0 +1,80 @@
+"""Reads each step's samples, optionally prefetching the next steps' in DataLoader worker processes.
+
+The data order is the sampler's alone (``sampler.ElasticSampler``): this
+module holds no position. With ``workload.dataLoaderWorkers`` = 0 a step's
+batch is fetched in the training process when it is needed. With N > 0 a
+``torch.utils.data.DataLoader`` with N workers fetches the batches of the
+steps the sampler says come next in this world, ahead of time. If the step
+asks for anything else (the world changed, an epoch ended, a checkpoint was
+loaded), the prefetched batches are dropped and prefetching restarts from the
+step asked for; what was prefetched is therefore a cache, never state.
+
+Why not torchdata's ``StatefulDataLoader``: its state is per rank and per
+worker, so it cannot be re-split when the number of data-parallel ranks
+changes, which an elastic job does at every membership change. For map-style
+data the whole position is the sampler's (epoch, global offset), which the
+checkpoint already holds.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from .workloads.splits import Split
+
+
+class _ByIndices(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """A DataLoader dataset whose "index" is a whole step's index tensor (batch_size=None)."""
+
+    def __init__(self, split: Split):
+        self.split = split
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.split.fetch(indices)
+
+
+class BatchLoader:
+    def __init__(self, split: Split, workers: int = 0, prefetch: int = 2):
+        self.split, self.workers, self.prefetch = split, workers, prefetch
+        self._pending: deque[torch.Tensor] = deque()  # the indices the iterator will yield, in order
+        self._it: Iterator[Any] | None = None
+        self.restarts = 0
+
+    def get(self, indices: torch.Tensor,
+            upcoming: Callable[[], Iterator[torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch of ``indices``; ``upcoming()`` yields this step's indices and then the next steps'."""
+        if self.workers == 0:
+            return self.split.fetch(indices)
+        if self._it is None or not self._pending or not torch.equal(self._pending[0], indices):
+            self._restart(upcoming)
+        assert self._it is not None
+        x, y = next(self._it)
+        got = self._pending.popleft()
+        if not torch.equal(got, indices):  # upcoming() did not start at the step asked for
+            raise RuntimeError("the loader's upcoming indices do not start at the requested step")
+        return x, y
+
+    def _restart(self, upcoming: Callable[[], Iterator[torch.Tensor]]) -> None:
+        self.close()
+        self.restarts += 1
+
+        def tracked() -> Iterator[torch.Tensor]:
+            for idx in upcoming():
+                self._pending.append(idx)
+                yield idx
+
+        loader = DataLoader(_ByIndices(self.split), batch_size=None, sampler=tracked(),
+                            num_workers=self.workers, prefetch_factor=self.prefetch)
+        self._it = iter(loader)
+
+    def close(self) -> None:
+        self._it = None  # the iterator's workers exit when it is collected
+        self._pending.clear()
