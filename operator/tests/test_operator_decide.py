@@ -325,6 +325,16 @@ def test_progress_shows_percent_eta_and_a_readable_loss():
     assert plan.status.progress.percent is None  # no total reported: no guess
 
 
+def test_a_language_models_eval_loss_and_perplexity_reach_the_status():
+    """From /progress (evalLoss) and from a termination summary (eval_loss), at 4 significant digits."""
+    plan = run([pod(0), pod(1)], status=running(1, 0, 1), w=world(1, 0, 1),
+               progress={"step": 300, "evalLoss": 4.490033382962306, "perplexity": 89.12442106618707})
+    assert (plan.status.progress.eval_loss, plan.status.progress.perplexity) == (4.49, 89.12)
+    plan = run([pod(0), pod(1)], status=running(1, 0, 1), w=world(1, 0, 1),
+               progress={"step": 300, "eval_loss": 5.123456, "perplexity": 167.9})
+    assert plan.status.progress.eval_loss == 5.123
+
+
 def test_a_succeeded_job_shows_100_percent_and_no_time_left():
     pods = [pod(0, ready=False, phase="Succeeded", succeeded=True, exit_code=0), pod(1)]
     plan = run(pods, status=running(1, 0, 1), w=world(1, 0, 1),

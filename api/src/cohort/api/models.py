@@ -484,6 +484,9 @@ class Progress:
     eta_seconds: Optional[int] = field(None, doc="Estimated seconds to the last step at the current throughput "
                                                  "and world size.")
     accuracy: Optional[float] = field(None, doc="Latest evaluation accuracy (classification).")
+    eval_loss: Optional[float] = field(None, doc="Latest evaluation loss (4 significant digits).")
+    perplexity: Optional[float] = field(None, doc="Latest evaluation perplexity (language models; 4 significant "
+                                                  "digits).")
     plan: str = field("", doc="The parallelism plan in use (strategy auto says which it chose).")
     updated_at: str = field("", doc="When progress was last read (RFC 3339).")
 

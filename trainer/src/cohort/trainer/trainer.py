@@ -434,6 +434,7 @@ class Trainer:
             samplesPerSecond=self.sps_ema, plan=self.plan.describe() if self.plan else "",
             worldVersion=self.world.version if self.world else 0, worldSize=self.world.size if self.world else 0,
             accuracy=self.eval_result.get("accuracy"), perplexity=self.eval_result.get("perplexity"),
+            evalLoss=self.eval_result.get("eval_loss"),
             lastCheckpoint={"step": last.step, "location": last.location, "time": last.time} if last else None,
             stepsTotal=total, etaSeconds=self._eta_seconds(total))
 

@@ -84,12 +84,15 @@ def apply_progress(status: TrainingJobStatus, data: dict[str, Any], now: dt.date
 
     for key, attr, kind in (("step", "step", int), ("epoch", "epoch", int), ("loss", "loss", float),
                             ("samplesPerSecond", "samples_per_second", float), ("accuracy", "accuracy", float),
-                            ("etaSeconds", "eta_seconds", int)):
-        value = num(key, kind)
+                            ("etaSeconds", "eta_seconds", int), ("evalLoss", "eval_loss", float),
+                            ("eval_loss", "eval_loss", float), ("perplexity", "perplexity", float)):
+        value = num(key, kind)  # eval_loss: the termination summary's spelling
         if value is not None:
             setattr(pr, attr, value)
-    if pr.loss is not None and math.isfinite(pr.loss):
-        pr.loss = float(f"{pr.loss:.4g}")  # as people read a loss (kubectl prints every digit it is given)
+    for attr in ("loss", "eval_loss", "perplexity"):
+        value = getattr(pr, attr)
+        if value is not None and math.isfinite(value):
+            setattr(pr, attr, float(f"{value:.4g}"))  # as people read a loss (kubectl prints every digit)
     total = num("stepsTotal", int)
     if total:
         pr.percent = round(min(100.0, 100.0 * pr.step / total), 1)
