@@ -134,3 +134,24 @@ def test_the_prefetching_loader_returns_each_steps_batch_and_restarts_when_the_w
     assert loader.restarts == 3  # once per world: batches fetched ahead for the old world are dropped
     assert Counting.fetches == 0  # every batch came from the worker processes
     loader.close()
+
+
+def test_the_loaders_worker_processes_hold_none_of_the_trainers_sockets():
+    """A worker forked from the trainer would keep its listening sockets (the metrics port) after it dies."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    loader = BatchLoader(TensorPairs(torch.arange(64).float().unsqueeze(1), torch.arange(64)), workers=1)
+    sampler = ElasticSampler(64, batch_size=8, seed=0)
+    loader.get(sampler.indices(0, 1), lambda: sampler.upcoming(0, 1))  # the worker is running now
+    listener.close()
+    again = socket.socket()
+    again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        again.bind(("127.0.0.1", port))  # EADDRINUSE while a worker holds the old listener
+    finally:
+        again.close()
+        loader.close()

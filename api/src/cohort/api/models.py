@@ -97,6 +97,10 @@ class Optimizer:
     grad_clip_norm: float = field(0.0, minimum=0, doc="Clip the gradient's global L2 norm to this (0: off). The "
                                                       "norm is over the whole model: every FSDP, tensor and "
                                                       "pipeline shard counts once.")
+    implementation: Literal["auto", "foreach", "fused", "loop"] = field(
+        "auto", doc="torch's optimizer kernel: auto (torch's choice: foreach, one multi-tensor kernel per group of "
+                    "parameters, where the device supports it), foreach, fused (one fused kernel per step; CPU and "
+                    "CUDA) or loop (one parameter at a time). Every choice computes the same update.")
     lr_scaling: Literal["none", "linear", "sqrt"] = field(
         "linear", doc="How lr scales with the data-parallel world size relative to replicas.target.")
 

@@ -9,6 +9,13 @@ asks for anything else (the world changed, an epoch ended, a checkpoint was
 loaded), the prefetched batches are dropped and prefetching restarts from the
 step asked for; what was prefetched is therefore a cache, never state.
 
+The worker processes come from a fork server, not from forking the trainer: a
+forked worker would inherit the trainer's sockets (the metrics listener, the
+rendezvous store, gloo's connections) and keep them open after the trainer
+dies, so peers would not see the connection drop and the port stays taken
+(seen: a second run on the same port failed with EADDRINUSE while the first
+run's loader worker lived on). So datasets must pickle, as under spawn.
+
 Why not torchdata's ``StatefulDataLoader``: its state is per rank and per
 worker, so it cannot be re-split when the number of data-parallel ranks
 changes, which an elastic job does at every membership change. For map-style
@@ -18,6 +25,7 @@ checkpoint already holds.
 
 from __future__ import annotations
 
+import multiprocessing
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -26,6 +34,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from .workloads.splits import Split
+
+# The fork server imports these once; each worker it forks starts with them imported.
+_CONTEXT = multiprocessing.get_context("forkserver")
+_CONTEXT.set_forkserver_preload(["torch", "cohort.trainer.loader", "cohort.trainer.workloads.tokens"])
 
 
 class _ByIndices(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -72,7 +84,8 @@ class BatchLoader:
                 yield idx
 
         loader = DataLoader(_ByIndices(self.split), batch_size=None, sampler=tracked(),
-                            num_workers=self.workers, prefetch_factor=self.prefetch)
+                            num_workers=self.workers, prefetch_factor=self.prefetch,
+                            multiprocessing_context=_CONTEXT)
         self._it = iter(loader)
 
     def close(self) -> None:

@@ -81,9 +81,21 @@ def powersgd_hook(ctx: SyncContext, rank: int, error_feedback: bool) -> tuple[po
         process_group=ctx.group, matrix_approximation_rank=rank, start_powerSGD_iter=POWERSGD_START_ITER,
         use_error_feedback=error_feedback, warm_start=True, random_seed=ctx.spec.workload.seed)
 
+    # powerSGD_hook issues its second and third allreduce (the Ps, the Qs) from callbacks on gloo's
+    # completion threads. With several buckets in flight, whether bucket i's Qs go out before bucket
+    # i + 1's first allreduce then depends on timing, and can differ between ranks: a collective
+    # mismatch (gloo: "Received data size doesn't match", seen on the 1.86 M-parameter GPT, whose
+    # gradients fill several buckets, in about half the runs). So a bucket's PowerSGD starts only
+    # when the previous bucket's has finished: the collectives go out in one order on every rank.
+    previous: list[torch.futures.Future[torch.Tensor]] = []
+
     def run(state: powerSGD_hook.PowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         _record_powersgd(ctx, state, bucket)
-        return powerSGD_hook.powerSGD_hook(state, bucket)
+        if previous and bucket.index() > 0:
+            previous[0].wait()
+        fut = powerSGD_hook.powerSGD_hook(state, bucket)
+        previous[:] = [fut]
+        return fut
     return state, run
 
 
