@@ -60,8 +60,8 @@ STOP_REQUESTED = threading.Event()
 
 def build_optimizer(params: Any, opt: Any) -> torch.optim.Optimizer:
     """The spec's optimizer; ``implementation`` picks torch's kernel (auto: torch's own default)."""
-    kernel = {"auto": {}, "foreach": {"foreach": True}, "fused": {"fused": True},
-              "loop": {"foreach": False}}[opt.implementation]
+    kernel: dict[str, Any] = {"auto": {}, "foreach": {"foreach": True}, "fused": {"fused": True},
+                              "loop": {"foreach": False}}[opt.implementation]
     if opt.name == "adamw":
         return torch.optim.AdamW(params, lr=opt.lr, weight_decay=opt.weight_decay, **kernel)
     return torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum, weight_decay=opt.weight_decay, **kernel)
