@@ -68,3 +68,31 @@ def test_every_sample_once_per_epoch_across_a_restart_and_2_3_2_workers(tmp_path
         assert seen == list(range(WINDOWS)), f"epoch {epoch}: not every sample exactly once"
     sizes = [size for _, size in sorted({(r["phase"], r["world_version"]): r["size"] for r in kept}.items())]
     assert sizes[:3] == [2, 3, 2], sizes
+
+
+def test_a_finished_run_leaves_no_loader_process_behind(tmp_path):
+    """The loader's workers come from a fork server, whose lifetime is theirs: they must exit with the trainer."""
+    import time
+    import uuid
+
+    ids = np.random.default_rng(0).integers(0, 50, WINDOWS * SEQ + 1)
+    shards = write_shards(tmp_path / "shards", {"train": ids, "eval": ids[:200]}, vocab_size=50)
+    m = job(shards)
+    m["spec"]["workload"].update(epochs=0, maxSteps=5)
+    mark = f"COHORT_TEST_MARK={uuid.uuid4().hex}"
+    run_local(tmp_path / "run", m, workers=2, env={"COHORT_TEST_MARK": mark.split("=", 1)[1]})
+
+    def marked() -> list[int]:
+        pids = []
+        for p in Path("/proc").iterdir():
+            try:
+                if p.name.isdigit() and mark.encode() in (p / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(p.name))
+            except OSError:
+                pass
+        return pids
+
+    deadline = time.monotonic() + 10
+    while marked() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert marked() == [], "processes of the finished run are still alive"

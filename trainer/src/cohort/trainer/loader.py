@@ -25,7 +25,11 @@ checkpoint already holds.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
+import os
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -38,6 +42,25 @@ from .workloads.splits import Split
 # The fork server imports these once; each worker it forks starts with them imported.
 _CONTEXT = multiprocessing.get_context("forkserver")
 _CONTEXT.set_forkserver_preload(["torch", "cohort.trainer.loader", "cohort.trainer.workloads.tokens"])
+
+
+def _exit_with(trainer_pid: int, _worker_id: int) -> None:
+    """A DataLoader worker's init: exit when the trainer is gone.
+
+    torch's workers watch their parent process, which here is the fork server; it
+    outlives the trainer, and so did the workers (every local run left one worker,
+    its fork server and a resource tracker per rank behind). This thread watches the
+    trainer instead; once the workers exit, the fork server and the tracker follow.
+    """
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                os.kill(trainer_pid, 0)
+            except ProcessLookupError:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="cohort-loader-watchdog", daemon=True).start()
 
 
 class _ByIndices(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -85,7 +108,8 @@ class BatchLoader:
 
         loader = DataLoader(_ByIndices(self.split), batch_size=None, sampler=tracked(),
                             num_workers=self.workers, prefetch_factor=self.prefetch,
-                            multiprocessing_context=_CONTEXT)
+                            multiprocessing_context=_CONTEXT,
+                            worker_init_fn=functools.partial(_exit_with, os.getpid()))
         self._it = iter(loader)
 
     def close(self) -> None:
