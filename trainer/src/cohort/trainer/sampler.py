@@ -43,16 +43,18 @@ class ElasticSampler:
         return max(0, (self.num_samples - self.offset) // self.global_batch(world_size))
 
     def indices(self, rank: int, world_size: int) -> torch.Tensor:
+        return self._share(self.offset, rank, world_size)
+
+    def _share(self, offset: int, rank: int, world_size: int) -> torch.Tensor:
+        """Rank ``rank``'s contiguous share of the global batch that starts at ``offset``."""
         g = self.global_batch(world_size)
-        start, end = self.offset + g * rank // world_size, self.offset + g * (rank + 1) // world_size
-        return self._permutation()[start:end]
+        return self._permutation()[offset + g * rank // world_size:offset + g * (rank + 1) // world_size]
 
     def upcoming(self, rank: int, world_size: int) -> Iterator[torch.Tensor]:
         """This rank's indices for the current step and each later one of this epoch, in this world."""
         epoch, offset, g = self.epoch, self.offset, self.global_batch(world_size)
-        perm = self._permutation()
         while epoch == self.epoch and offset + g <= self.num_samples:
-            yield perm[offset + g * rank // world_size:offset + g * (rank + 1) // world_size]
+            yield self._share(offset, rank, world_size)
             offset += g
 
     def micro_batches(self, world_size: int) -> int:
