@@ -20,6 +20,10 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+# A build cache of our own, removed once every binary is built: it grows to
+# several GB over these modules and is of no use until a version changes (the
+# binaries themselves are the cache). The module cache is Go's default.
+export GOCACHE="$COHORT_CACHE/go-build"
 SRC_CACHE="$COHORT_CACHE/src"
 mkdir -p "$SRC_CACHE"
 
@@ -169,4 +173,5 @@ case $want in
   all|kubernetes|etcd|kwok|helm|containerd|crictl|local-path-provisioner|kube-router|kueue|prometheus) ;;
   *) die "unknown component '$want' (all|kubernetes|etcd|kwok|helm|containerd|crictl|local-path-provisioner|kube-router|kueue|prometheus)" ;;
 esac
+rm -rf "$GOCACHE"
 log "binaries ready under $BIN_CACHE"

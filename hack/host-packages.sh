@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages that real nodes and image builds need
 # ($HOST_PACKAGES in hack/versions.env), once: runc, the CNI plugins, iptables,
-# conntrack, mmdebstrap and buildah. Needs root and apt-get; a machine that has
+# conntrack, mmdebstrap, buildah and zstd. Needs root and apt-get; a machine that has
 # them already is left alone.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 

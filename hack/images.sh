@@ -19,7 +19,9 @@
 #
 # Each image is cached as a docker-archive in $COHORT_CACHE/images/, keyed by a
 # hash of everything that went into it (Dockerfile, build context files, base),
-# so an unchanged tree rebuilds nothing. Buildah's own storage lives there too.
+# so an unchanged tree rebuilds nothing; the images nodes import are kept
+# zstd-compressed (the trainer's 4.4 GB archive is 2.5 GB so) and decompressed
+# on their way into containerd. Buildah's own storage lives there too.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 IMAGES_DIR="$COHORT_CACHE/images"
@@ -31,9 +33,33 @@ mkdir -p "$IMAGES_DIR"
 
 buildah_() { buildah "${STORAGE[@]}" "$@"; }
 
+# Buildah stages each committed layer in TMPDIR (/var/tmp by default): here, so
+# that it is on the disk the free-space check measures and a killed build's
+# gigabytes are found and removed by the next one.
+export TMPDIR="$IMAGES_DIR/tmp"
+mkdir -p "$TMPDIR"
+
+# What building an image adds to the disk at its peak, in GiB. The trainer's
+# 4.4 GB of dependencies are there several times over while buildah commits them
+# (the build container, its staging copy, the stored layer, the archive): the
+# disk's use rose by 16 GiB during a build here, and fell back to 2.5 after.
+need_gib() { case $1 in trainer) echo 17 ;; operator) echo 3 ;; *) echo 1 ;; esac; }
+
+check_space() {  # image: fail early, naming the directory, when the disk cannot hold the build
+  local need avail
+  need=$(need_gib "$1")
+  avail=$(( $(df --output=avail -k "$IMAGES_DIR" | tail -n 1) / 1048576 ))
+  (( avail >= need )) || die "building the $1 image needs about $need GiB free on the disk of $IMAGES_DIR; it has $avail GiB (free some, or point COHORT_CACHE at a larger disk)"
+}
+
+scratch_clean() {  # remove what an interrupted build left: working containers, staged layers
+  buildah_ rm --all >/dev/null 2>&1 || true
+  rm -rf "$TMPDIR"; mkdir -p "$TMPDIR"
+}
+
 need_tools() {
   local missing=() t
-  for t in buildah mmdebstrap; do command -v "$t" >/dev/null || missing+=("$t"); done
+  for t in buildah mmdebstrap zstd; do command -v "$t" >/dev/null || missing+=("$t"); done
   [[ ${#missing[@]} == 0 ]] && return 0
   "$HACK_DIR/host-packages.sh" >&2
 }
@@ -67,11 +93,18 @@ key_of() {  # image -> hash of its inputs
   esac
 }
 
-archive_of() { echo "$IMAGES_DIR/$1-$(key_of "$1").tar"; }
+archive_of() {  # image -> its archive: the base stays plain, a build input buildah pulls
+  case $1 in base) echo "$IMAGES_DIR/base-$(key_of base).tar" ;; *) echo "$IMAGES_DIR/$1-$(key_of "$1").tar.zst" ;; esac
+}
 
 # Debian packages in the base: Python, venv (ensurepip), `python` on PATH, CA certificates.
 BASE_SUITE=bookworm
 BASE_PACKAGES="python3,python3-venv,python-is-python3,ca-certificates,passwd"
+
+push_archive() {  # ref out: a docker-archive of ref, compressed with zstd into out
+  buildah_ push --quiet "$1" "docker-archive:$2.tar:$1" >&2
+  zstd -q -T0 --rm -f "$2.tar" -o "$2" || die "zstd of $2.tar failed"
+}
 
 build_base() {
   local out=$1 tmp
@@ -101,7 +134,7 @@ build_pause() {
   buildah_ copy "$ctr" "$tmp/pause" /pause >/dev/null
   buildah_ config --entrypoint '["/pause"]' --user 65535:65535 "$ctr"
   buildah_ commit --quiet --rm "$ctr" "$PAUSE_REF" >/dev/null
-  buildah_ push --quiet "$PAUSE_REF" "docker-archive:$out:$PAUSE_REF" >&2
+  push_archive "$PAUSE_REF" "$out"
   rm -rf "$tmp"
 }
 
@@ -119,16 +152,19 @@ build_dockerfile() {  # image out
   [[ -f /etc/ssl/certs/ca-certificates.crt ]] && mounts+=(-v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
   # The whole build output goes to a log; its STEP lines show progress.
   local blog="$IMAGES_DIR/$img.build.log"
+  scratch_clean
+  check_space "$img"
   (cd "$REPO_ROOT" && buildah_ build --isolation chroot --layers=false --pull=never \
     --build-arg "BASE_IMAGE=$BASE_REF" "${mounts[@]}" \
     --ignorefile "$df.dockerignore" -f "$df" -t "$ref" . > "$blog" 2>&1 &
     pid=$!; tail -n +1 -f --pid "$pid" "$blog" | grep --line-buffered -o '\[[0-9/]*\] STEP [0-9].\{0,100\}' | sed -u 's/^/  /' >&2
-    wait "$pid") || { tail -n 40 "$blog" >&2; die "building $img failed (the build log: $blog)"; }
-  buildah_ push --quiet "$ref" "docker-archive:$out:$ref" >&2
+    wait "$pid") || { tail -n 40 "$blog" >&2; scratch_clean; die "building $img failed (the build log: $blog)"; }
+  push_archive "$ref" "$out"
   # The archive is the cache: drop the image and its build stages from buildah's
   # storage (only the base stays), or every build would keep gigabytes.
   buildah_ rmi -f "$ref" >/dev/null 2>&1 || true
   buildah_ rmi --prune >/dev/null 2>&1 || true
+  scratch_clean
 }
 
 build_one() {
@@ -136,6 +172,7 @@ build_one() {
   out=$(archive_of "$img")
   [[ -s $out ]] && return 0
   local t0=$SECONDS tmp="$out.partial"
+  rm -f "$tmp.tar"
   rm -f "$tmp"
   case $img in
     base) build_base "$tmp" ;;
@@ -144,7 +181,7 @@ build_one() {
     *) die "unknown image '$img' (base, pause, operator, trainer)" ;;
   esac
   # Older archives of this image are stale now.
-  find "$IMAGES_DIR" -maxdepth 1 -name "$img-*.tar" ! -name "$(basename "$out")" -delete
+  find "$IMAGES_DIR" -maxdepth 1 \( -name "$img-*.tar" -o -name "$img-*.tar.zst" \) ! -name "$(basename "$out")" -delete
   mv "$tmp" "$out"
   log "$img: $(ref_of "$img") built in $((SECONDS - t0))s ($(du -h "$out" | cut -f1))"
 }
@@ -161,11 +198,15 @@ import_all() {  # socket markdir: import every image this runtime does not hold 
     out=$(archive_of "$img")
     [[ -s $out ]] || die "$img is not built: hack/images.sh build"
     # The runtime keeps its images across cluster restarts: import only a new build.
-    mark="$marks/imported-$img-$(basename "$out" .tar)"
+    mark="$marks/imported-$img-$(basename "$out" .tar.zst)"
     [[ -f $mark ]] && continue
     log "importing $(ref_of "$img") into $sock"
+    # An import that was killed leaves its content held by ctr's 24-hour lease
+    # (gigabytes, for the trainer): let it go, the import below redoes the work.
+    local lease
+    for lease in $(ctr_ "$sock" leases ls -q 2>/dev/null || true); do ctr_ "$sock" leases rm "$lease" >/dev/null 2>&1 || true; done
     # Unpacked layers are dropped from the content store (the snapshots hold them).
-    ctr_ "$sock" images import --local --discard-unpacked-layers "$out" >/dev/null || true
+    zstd -q -d -c "$out" | ctr_ "$sock" images import --local --discard-unpacked-layers - >/dev/null || true
     # The whole list first: `ls | grep -q` under pipefail fails when grep stops reading early
     # and ctr dies of SIGPIPE (it did, once the node held enough image names).
     local names; names=$(ctr_ "$sock" images ls -q 2>/dev/null || true)

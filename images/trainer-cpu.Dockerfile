@@ -8,42 +8,47 @@
 # made from Debian's packages (hack/images.sh), since no registry is reachable there.
 ARG BASE_IMAGE=python:3.11.14-slim-bookworm
 
-FROM ${BASE_IMAGE} AS deps
+# The project alone, in a directory of its own: the final image copies it in
+# last, so a code change leaves the multi-GB dependency layer unchanged (and
+# cached by the builder and the nodes).
+FROM ${BASE_IMAGE} AS app
+WORKDIR /src
+COPY api/ api/
+COPY trainer/ trainer/
+# pip writes the scripts in bin/ for the interpreter it runs under: the venv the
+# final image has at the same path.
+RUN python -m venv /opt/cohort \
+ && /opt/cohort/bin/pip install --no-cache-dir --target /opt/cohort-app --no-deps ./api ./trainer \
+ && python -m compileall -q /opt/cohort-app
+
+FROM ${BASE_IMAGE}
 # TORCH_INDEX_URL: a wheel index serving torch's CPU-only build makes a much
 # smaller image (images/README.md); empty means pip's configured index, whose
 # Linux torch is the CUDA build (it runs on the CPU too).
 ARG TORCH_INDEX_URL=""
-ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
-WORKDIR /src
-# The trainer's dependencies at the versions the project pins (hack/requirements.txt, its one list).
-COPY hack/requirements.txt hack/requirements.txt
-RUN grep -E '^torch==' hack/requirements.txt > /tmp/torch.txt \
- && grep -E '^(numpy|scikit-learn|pyyaml|prometheus-client)==' hack/requirements.txt > /tmp/requirements.txt \
- && grep -E '^tokenizers==' hack/requirements.txt > /tmp/tokenizers.txt \
- && test "$(wc -l < /tmp/torch.txt)" -eq 1 && test "$(wc -l < /tmp/requirements.txt)" -eq 4 \
- && test "$(wc -l < /tmp/tokenizers.txt)" -eq 1 \
- && python -m venv /opt/cohort \
- && /opt/cohort/bin/pip install --no-cache-dir ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} -r /tmp/torch.txt \
- && /opt/cohort/bin/pip install --no-cache-dir -r /tmp/requirements.txt \
- && /opt/cohort/bin/pip install --no-cache-dir --no-deps -r /tmp/tokenizers.txt \
- && /opt/cohort/bin/python -m compileall -q -x 'torch/testing/_internal/py3[1-9][0-9]_' /opt/cohort/lib
-
-# The project in a directory of its own, so that a code change leaves the
-# multi-GB dependency layer above unchanged (and cached by the builder and the nodes).
-FROM deps AS build
-COPY api/ api/
-COPY trainer/ trainer/
-RUN /opt/cohort/bin/pip install --no-cache-dir --target /opt/cohort-app --no-deps ./api ./trainer \
- && /opt/cohort/bin/python -m compileall -q /opt/cohort-app
-
-FROM ${BASE_IMAGE}
 LABEL org.opencontainers.image.title="cohort-trainer" \
       org.opencontainers.image.description="Cohort trainer (CPU): elastic distributed PyTorch training" \
       org.opencontainers.image.licenses="Apache-2.0"
 RUN groupadd --gid 65532 cohort \
  && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin cohort
-COPY --from=deps /opt/cohort /opt/cohort
-COPY --from=build /opt/cohort-app /opt/cohort-app
+# The trainer's dependencies at the versions the project pins (hack/requirements.txt,
+# its one list), installed where they stay: one layer, written once (no build
+# stage to copy gigabytes from). torch's Linux wheel pulls in triton, the GPU
+# compiler behind torch.compile (0.7 GB), which a CPU image never runs: removed.
+COPY hack/requirements.txt /tmp/pins/hack/requirements.txt
+RUN cd /tmp/pins \
+ && grep -E '^torch==' hack/requirements.txt > torch.txt \
+ && grep -E '^(numpy|scikit-learn|pyyaml|prometheus-client)==' hack/requirements.txt > deps.txt \
+ && grep -E '^tokenizers==' hack/requirements.txt > tokenizers.txt \
+ && test "$(wc -l < torch.txt)" -eq 1 && test "$(wc -l < deps.txt)" -eq 4 && test "$(wc -l < tokenizers.txt)" -eq 1 \
+ && python -m venv /opt/cohort \
+ && /opt/cohort/bin/pip install --no-cache-dir ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} -r torch.txt \
+ && /opt/cohort/bin/pip uninstall -y -q triton \
+ && /opt/cohort/bin/pip install --no-cache-dir -r deps.txt \
+ && /opt/cohort/bin/pip install --no-cache-dir --no-deps -r tokenizers.txt \
+ && /opt/cohort/bin/python -m compileall -q -x 'torch/testing/_internal/py3[1-9][0-9]_' /opt/cohort/lib \
+ && cd / && rm -rf /tmp/pins
+COPY --from=app /opt/cohort-app /opt/cohort-app
 # The root file system is read-only in a worker pod: HOME is /tmp, an emptyDir there.
 ENV PATH=/opt/cohort-app/bin:/opt/cohort/bin:$PATH PYTHONPATH=/opt/cohort-app PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 HOME=/tmp
 WORKDIR /tmp
