@@ -1,7 +1,7 @@
 """Communication: what each sync x compression pair sends, and what it costs in time (a benchmark).
 
     python bench/comm.py [--nets loopback,1gbit,100mbit] [--pairs allreduce:topk,gossip:none,...]
-                         [--worlds 2,4,8] [--skip-bytes] [--skip-train] [--skip-straggler]
+                         [--worlds 2,4,8] [--skip-bytes] [--skip-train] [--skip-straggler] [--repeats N]
 
 1. Bytes (the same Cohort code on a gloo group, P ranks, the digits MLP of
    examples/digits.yaml), per rank and step, as the kernel counts them: each P
@@ -31,6 +31,10 @@
    step time) kept against the same run unslowed, for gossip and allreduce.
 
 Ratios are against dense allreduce (compression none) from the same invocation.
+``--repeats N`` runs the training and straggler measurements N times, in rounds
+(every pair once per round, each ratio against its own round's baseline), and
+gives the median and [min-max]; every table names the host's load at its start
+and end.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,7 +64,11 @@ REPO = Path(__file__).resolve().parents[1]
 ALL_PAIRS = [(sync, method) for sync, methods in SUPPORTED_COMPRESSION.items() for method in methods]
 # The manifest settings trainer/tests/test_convergence.py uses (docs/algorithms.md): one home, there.
 sys.path.insert(0, str(REPO / "trainer/tests"))
+sys.path.insert(0, str(REPO))
 from test_convergence import TUNED  # noqa: E402
+
+from bench.netcount import quiet_tx_bytes  # noqa: E402
+from bench.stats import host  # noqa: E402
 
 RATES = {"1gbit": "1gbit", "100mbit": "100mbit"}
 WORKERS = 4
@@ -110,30 +119,6 @@ def gpt_manifest(sync: str, method: str) -> dict[str, Any]:
 
 # --- 1. bytes per step: the kernel's count, beside Cohort's own ---------------------------
 
-def lo_tx_bytes() -> int:
-    """This network namespace's loopback tx_bytes (the namespace holds only the ranks' traffic).
-
-    From /proc/net/dev, which shows the reader's network namespace; /sys/class/net shows the
-    namespace /sys was mounted in, and ``unshare --net`` does not remount it."""
-    for line in Path("/proc/net/dev").read_text().splitlines():
-        name, _, fields = line.partition(":")
-        if name.strip() == "lo":
-            return int(fields.split()[8])
-    raise RuntimeError("no loopback in /proc/net/dev")
-
-
-def quiet_tx_bytes(still_s: float = 0.1, limit_s: float = 10.0) -> int:
-    """The counter once it has not moved for ``still_s`` (late ACKs included), or after ``limit_s``."""
-    last, deadline = lo_tx_bytes(), time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        time.sleep(still_s)
-        now = lo_tx_bytes()
-        if now == last:
-            return now
-        last = now
-    return last
-
-
 def _bytes_worker(rank: int, world: int, port: int, pairs: list[tuple[str, str]], out: str) -> None:
     import torch
     import torch.distributed as dist
@@ -152,13 +137,13 @@ def _bytes_worker(rank: int, world: int, port: int, pairs: list[tuple[str, str]]
 
     def window_start() -> int:
         dist.barrier()
-        start = quiet_tx_bytes() if kernel and rank == 0 else 0
+        start = quiet_tx_bytes(still_s=0.1) if kernel and rank == 0 else 0
         dist.barrier()  # nobody sends until rank 0 has read the counter
         return start
 
     def window_end(start: int) -> int:
         dist.barrier()
-        net = quiet_tx_bytes() - start if kernel and rank == 0 else 0
+        net = quiet_tx_bytes(still_s=0.1) - start if kernel and rank == 0 else 0
         dist.barrier()  # nobody starts the next pair (its set-up talks) until rank 0 has read the counter
         return net
 
@@ -433,10 +418,19 @@ def bytes_table(pairs: list[tuple[str, str]], worlds: list[int]) -> None:
           f"{sign['dense'] / sign['payload']:.1f}x (>= 30x: {'met' if sign['dense'] / sign['payload'] >= 30 else 'MISSED'}).")
 
 
+def spread(values: list[float], spec: str = ".2f") -> str:
+    """The median, and [min-max] when there is more than one value."""
+    if not values:
+        return "-"
+    mid = format(statistics.median(values), spec)
+    return mid if len(values) == 1 else f"{mid} [{format(min(values), spec)}-{format(max(values), spec)}]"
+
+
 def train_tables(pairs: list[tuple[str, str]], nets: list[str], hidden: int | None = None,
-                 epochs: int | None = None, gpt: bool = False) -> None:
-    results: dict[str, dict[tuple[str, str], Run]] = {}
+                 epochs: int | None = None, gpt: bool = False, repeats: int = 1) -> None:
+    results: dict[str, dict[tuple[str, str], list[Run]]] = {}
     errors: dict[str, str] = {}
+    hosts: dict[str, tuple[str, str]] = {}
     for name in nets:
         print(f"  [{time.strftime('%H:%M:%S')}] network {name}", file=sys.stderr, flush=True)
         if name != "loopback" and name not in RATES:
@@ -449,17 +443,23 @@ def train_tables(pairs: list[tuple[str, str]], nets: list[str], hidden: int | No
                 net_ctx.teardown()
                 continue
         try:
-            results[name] = {}
-            for sync, method in pairs:
-                if gpt:
-                    run = train(gpt_manifest(sync, method), net_ctx, timeout_s=1500,
-                                env={"COHORT_DATA_DIR": str(GPT_DATA)},
-                                reached=lambda rec: (rec.get("eval_loss") or 99.0) <= GPT_TARGET)
-                else:
-                    run = train(manifest(sync, method, hidden, **({"epochs": epochs} if epochs else {})), net_ctx)
-                results[name][(sync, method)] = run
-                print(f"    {sync}:{method} acc={run.accuracy} loss={run.eval_loss} t={run.t_target_s} wall={run.wall_s:.0f} "
-                      f"{run.error}", file=sys.stderr, flush=True)
+            results[name] = {p: [] for p in pairs}
+            before = host()
+            # Rounds: every pair once per round, so a drift in the host's speed reaches every pair alike,
+            # and each round's dense run is the baseline of that round's ratios.
+            for _ in range(repeats):
+                for sync, method in pairs:
+                    if gpt:
+                        run = train(gpt_manifest(sync, method), net_ctx, timeout_s=1500,
+                                    env={"COHORT_DATA_DIR": str(GPT_DATA)},
+                                    reached=lambda rec: (rec.get("eval_loss") or 99.0) <= GPT_TARGET)
+                    else:
+                        run = train(manifest(sync, method, hidden, **({"epochs": epochs} if epochs else {})),
+                                    net_ctx)
+                    results[name][(sync, method)].append(run)
+                    print(f"    {sync}:{method} acc={run.accuracy} loss={run.eval_loss} t={run.t_target_s} "
+                          f"wall={run.wall_s:.0f} {run.error}", file=sys.stderr, flush=True)
+            hosts[name] = (before, host())
         finally:
             if net_ctx:
                 net_ctx.teardown()
@@ -471,52 +471,69 @@ def train_tables(pairs: list[tuple[str, str]], nets: list[str], hidden: int | No
         if name in errors:
             print(f"Not measured: the kernel refused the network set-up:\n\n    {errors[name]}")
             continue
-        base = results[name].get(("allreduce", "none"))
+        print(f"{repeats} run(s) per pair, in rounds of every pair; the median and [min-max] over the runs. "
+              f"Ratios are taken within a round (against that round's dense allreduce), then summarised. "
+              f"Host at the start: {hosts[name][0]}; at the end: {hosts[name][1]}.\n")
+        base = results[name].get(("allreduce", "none"), [])
         kernel = name != "loopback"
         quality, reach = ("final validation loss", f"time to loss {GPT_TARGET} (s)") if gpt \
             else ("accuracy", "time to 95% (s)")
         print(f"| pair | {quality} | ms/step | vs dense | {reach} | vs dense |" +
               (" kernel tx B/step (rank 0) |" if kernel else ""))
         print("|---|---:|---:|---:|---:|---:|" + ("---:|" if kernel else ""))
-        for (sync, method), run in results[name].items():
-            if run.error:
-                print(f"| {sync} {method} | error: {run.error} |")
+        best: list[tuple[float, tuple[str, str]]] = []
+        for (sync, method), runs in results[name].items():
+            ok = [r for r in runs if not r.error]
+            if not ok:
+                print(f"| {sync} {method} | error: {runs[0].error} |")
                 continue
-            rel_step = run.step_ms / base.step_ms if base and base.step_ms and run.step_ms else None
-            rel_target = run.t_target_s / base.t_target_s if base and base.t_target_s and run.t_target_s else None
-            tx = f" {run.tx_bytes[0] / max(run.steps, 1):,.0f} |" if kernel and run.tx_bytes else ""
-            print(f"| {sync} {method} | {fmt(run.eval_loss if gpt else run.accuracy, '.4f')} | {fmt(run.step_ms, '.1f')} | "
-                  f"{fmt(rel_step)}x | {fmt(run.t_target_s, '.2f', 'not reached')} | {fmt(rel_target)}x |{tx}")
-        if base and base.t_target_s:
-            compressed = [(r.t_target_s, p) for p, r in results[name].items()
-                          if p[1] != "none" and r.t_target_s is not None and not r.error]
-            if compressed:
-                best_t, best = min(compressed)
-                print(f"\nBest compressed: {best[0]} {best[1]}, time to target {best_t / base.t_target_s:.2f}x dense "
-                      f"allreduce's" + (" (target at 100mbit: <= 0.5x)" if name == "100mbit" else "") + ".")
+            rounds = [(r, b) for r, b in zip(runs, base, strict=False) if not r.error and not b.error]
+            rel_step = [r.step_ms / b.step_ms for r, b in rounds if r.step_ms and b.step_ms]
+            rel_target = [r.t_target_s / b.t_target_s for r, b in rounds if r.t_target_s and b.t_target_s]
+            reached = [r.t_target_s for r in ok if r.t_target_s is not None]
+            target = spread(reached) if len(reached) == len(ok) else \
+                ("not reached" if not reached else f"{spread(reached)} ({len(reached)} of {len(ok)} reached)")
+            qual = [q for q in ((r.eval_loss if gpt else r.accuracy) for r in ok) if q is not None]
+            tx = f" {spread([r.tx_bytes[0] / max(r.steps, 1) for r in ok if r.tx_bytes], ',.0f')} |" if kernel else ""
+            print(f"| {sync} {method} | {spread(qual, '.4f')} | {spread([r.step_ms for r in ok if r.step_ms], '.1f')} | "
+                  f"{spread(rel_step)}x | {target} | {spread(rel_target)}x |{tx}")
+            if method != "none" and rel_target and len(reached) == len(ok):
+                best.append((statistics.median(rel_target), (sync, method)))
+        if best:
+            ratio, (sync, method) = min(best)
+            print(f"\nBest compressed: {sync} {method}, time to target {ratio:.2f}x dense allreduce's (median of "
+                  f"the rounds' ratios)" + (" (target at 100mbit: <= 0.5x)" if name == "100mbit" else "") + ".")
 
 
-def straggler_table() -> None:
+def straggler_table(repeats: int = 1) -> None:
     # Compute must dominate a step for "3x slower compute" to mean a 3x slower worker: a wider
     # MLP and a larger batch than examples/digits.yaml (whose steps are mostly fixed overhead).
     workload = {"epochs": 0, "maxSteps": 150, "batchSize": 256, "evalEveryEpochs": 0}
+    slow = {"COHORT_FAULT_SLOW": f"rank={WORKERS - 1},factor=3,step=0"}
+    before = host()
+    runs: dict[str, list[tuple[Run, Run]]] = {"gossip": [], "allreduce": []}
+    for _ in range(repeats):  # unslowed and slowed back to back, each sync in turn: pairs share the host's state
+        for sync in runs:
+            m = manifest(sync, "none", 1024, **workload)  # evaluations are sync points: only at the end
+            runs[sync].append((train(m, None), train(m, None, env=slow)))
     print("\n### One worker 3x slower (COHORT_FAULT_SLOW=rank=3,factor=3,step=0), loopback, "
           "MLP hidden 1024, batch 256, 150 steps\n")
+    print(f"{repeats} pair(s) of runs (unslowed, then slowed) per sync; the median and [min-max] over the pairs; "
+          f"\"kept\" is taken within a pair. Host at the start: {before}; at the end: {host()}.\n")
     print("| sync | samples/s unslowed | samples/s with straggler | kept | fast ranks' steps/s kept | "
           "job wall s unslowed | with straggler |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    slow = {"COHORT_FAULT_SLOW": f"rank={WORKERS - 1},factor=3,step=0"}
-    for sync in ("gossip", "allreduce"):
-        m = manifest(sync, "none", 1024, **workload)  # evaluations are sync points: only at the end
-        base, hit = train(m, None), train(m, None, env=slow)
-        if base.error or hit.error:
-            print(f"| {sync} | error: {base.error or hit.error} |")
+    # Aggregate throughput: each rank's batch / its mean step time, summed (sps is global: P x batch / step).
+    agg = lambda r: sum(s / WORKERS for s in r.sps)  # noqa: E731 - a one-line definition reads best here
+    fast = lambda r: sum(r.sps[:-1])  # noqa: E731
+    for sync, pairs in runs.items():
+        ok = [(b, h) for b, h in pairs if not b.error and not h.error]
+        if not ok:
+            print(f"| {sync} | error: {next(b.error or h.error for b, h in pairs)} |")
             continue
-        # Aggregate throughput: each rank's batch / its mean step time, summed (sps is global: P x batch / step).
-        agg = lambda r: sum(s / WORKERS for s in r.sps)  # noqa: E731 - a one-line definition reads best here
-        fast = lambda r: sum(r.sps[:-1])  # noqa: E731
-        print(f"| {sync} | {agg(base):,.0f} | {agg(hit):,.0f} | {agg(hit) / agg(base):.2f}x | "
-              f"{fast(hit) / fast(base):.2f}x | {base.wall_s:.1f} | {hit.wall_s:.1f} |")
+        print(f"| {sync} | {spread([agg(b) for b, _ in ok], ',.0f')} | {spread([agg(h) for _, h in ok], ',.0f')} | "
+              f"{spread([agg(h) / agg(b) for b, h in ok])}x | {spread([fast(h) / fast(b) for b, h in ok])}x | "
+              f"{spread([b.wall_s for b, _ in ok], '.1f')} | {spread([h.wall_s for _, h in ok], '.1f')} |")
     print("\nTarget: gossip keeps >= 0.8x of its unslowed throughput.")
 
 
@@ -532,6 +549,8 @@ def main() -> int:
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--wide-nets", default="loopback,100mbit",
                     help="networks for a second, communication-bound pass (MLP hidden 2048, 10 epochs); '' skips it")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs per pair in the training and straggler tables (rounds; the median and range)")
     ap.add_argument("--gpt", default="", help="networks for the GPT pass (examples/gpt-text.yaml), e.g. "
                                              "'100mbit'; '' skips it")
     args = ap.parse_args()
@@ -547,14 +566,15 @@ def main() -> int:
     if not args.skip_train:
         nets, wide = [n for n in args.nets.split(",") if n], [n for n in args.wide_nets.split(",") if n]
         if nets:
-            train_tables(pairs, nets)
+            train_tables(pairs, nets, repeats=args.repeats)
         if wide:
-            train_tables(pairs, wide, hidden=2048, epochs=10)
+            train_tables(pairs, wide, hidden=2048, epochs=10, repeats=args.repeats)
     if args.gpt:
         prepare_gpt_data()
-        train_tables([p for p in pairs if p[1] not in GPT_SKIP], [n for n in args.gpt.split(",") if n], gpt=True)
+        train_tables([p for p in pairs if p[1] not in GPT_SKIP], [n for n in args.gpt.split(",") if n], gpt=True,
+                     repeats=args.repeats)
     if not args.skip_straggler:
-        straggler_table()
+        straggler_table(args.repeats)
     return 0
 
 

@@ -34,9 +34,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-
-def lo_tx() -> int:
-    return int(Path("/sys/class/net/lo/statistics/tx_bytes").read_text())
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from bench.netcount import lo_tx_bytes  # noqa: E402
 
 
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
@@ -108,10 +108,10 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str)
     for _ in range(args.repeats):
         for name, loop in (("barriers", barriers), ("dense", dense), ("allgather", allgather), ("sparse", sparse)):
             dist.barrier()
-            before = lo_tx()
+            before = lo_tx_bytes()
             loop()
             dist.barrier()
-            kernel[name].append(lo_tx() - before)
+            kernel[name].append(lo_tx_bytes() - before)
     counted = torch.empty(world, dtype=torch.float64)  # every rank's own count: the shares differ
     dist.all_gather_into_tensor(counted, torch.tensor([statistics.mean(cohort_sparse)], dtype=torch.float64))
     if rank == 0:

@@ -8,13 +8,16 @@ reader's namespace) only when the counter has stopped moving, so no message of
 the previous phase is still on its way.
 
 1. Calibration: bare ``all_reduce``, ``all_gather_into_tensor`` and
-   ``all_to_all_single`` calls of four sizes (SIZES) give the kernel's bytes per
-   call beyond the payload's formula (TCP/IP headers, ACKs, gloo's headers): a
-   fixed cost per call, per collective kind, the median over the sizes.
+   ``all_to_all_single`` calls, and ``isend`` messages around a ring, of four
+   sizes (SIZES) give the kernel's bytes per call beyond the payload's formula
+   (TCP/IP headers, ACKs, gloo's headers): a fixed cost per call, per kind, the
+   median over the sizes.
 2. Each pair trains an MLP (hidden 1024) with the real Sync for WARM steps,
-   then MEASURED steps inside the window. Written per pair: Cohort's count
-   (mean over ranks), the kernel's divided by the ranks, and the calls made of
-   each kind (counted by wrapping torch.distributed's collectives).
+   then MEASURED steps inside the window (gossip settles its links at the end
+   of both, so no message crosses the window's edge). Written per pair:
+   Cohort's count (mean over ranks), the kernel's divided by the ranks, and the
+   calls made of each kind (counted by wrapping torch.distributed's functions;
+   the mean over ranks, since gossip's ranks need not send equally often).
 """
 
 from __future__ import annotations
@@ -23,21 +26,20 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 WORLD, WARM, MEASURED, HIDDEN = 4, 4, 6, 1024
 # (sync, method, collective): "-" where the collective field does not apply.
 # The pairs whose collectives all go through torch.distributed's Python functions (so they can be
-# counted here): dense allreduce runs in DDP's C++ reducer, gossip sends point to point (see the test).
+# counted here): dense allreduce runs in DDP's C++ reducer (see the test).
 PAIRS = [("allreduce", "fp16", "-"), ("allreduce", "powersgd", "-"), ("allreduce", "topk", "allgather"),
          ("allreduce", "topk", "sparse"), ("allreduce", "qsgd", "-"), ("allreduce", "terngrad", "-"),
          ("allreduce", "signsgd", "-"), ("allreduce", "dgc", "-"), ("allreduce", "threshold", "-"),
          ("allreduce", "natural", "-"), ("allreduce", "onebit", "-"), ("allreduce", "signum", "-"),
-         ("localsgd", "none", "-"), ("localsgd", "fp16", "-")]
+         ("localsgd", "none", "-"), ("localsgd", "fp16", "-"), ("gossip", "none", "-"), ("gossip", "qsgd", "-")]
 LOCALSGD_PERIOD, LOCALSGD_WARMUP = 2, 2  # so the measured steps hold both local steps and averaging rounds
-KINDS = ("all_reduce", "all_gather_into_tensor", "all_to_all_single", "barrier")
+KINDS = ("all_reduce", "all_gather_into_tensor", "all_to_all_single", "isend", "barrier")
 # Calibration sizes, bytes per rank: the pairs' calls range from the sparse collective's 16-byte headers to
 # whole buckets. The fixed cost is flat from 64 B to 4 KB; at 64 KB an all-to-all costs about 250 B more
 # (1,273 against 1,008-1,022 B per call, measured), so the median over the range is the estimate: the mean
@@ -45,30 +47,11 @@ KINDS = ("all_reduce", "all_gather_into_tensor", "all_to_all_single", "barrier")
 SIZES = (64, 512, 4096, 65536)
 
 
-def lo_tx_bytes() -> int:
-    for line in Path("/proc/net/dev").read_text().splitlines():
-        name, _, fields = line.partition(":")
-        if name.strip() == "lo":
-            return int(fields.split()[8])
-    raise RuntimeError("no loopback in /proc/net/dev")
-
-
-def quiet_tx_bytes(limit_s: float = 10.0) -> int:
-    """The counter once nothing has moved for 50 ms (or after ``limit_s``: the test then fails on the numbers)."""
-    last, deadline = lo_tx_bytes(), time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-        now = lo_tx_bytes()
-        if now == last:
-            return now
-        last = now
-    return last
-
-
 def _probe(rank: int, world: int) -> dict:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
+    from bench.netcount import quiet_tx_bytes
     from gloo_ranks import job_spec
 
     from cohort.trainer.sync.base import CommStats, SyncContext
@@ -97,7 +80,9 @@ def _probe(rank: int, world: int) -> dict:
         after = quiet_tx_bytes() if rank == 0 else 0
         total = torch.tensor([after - before], dtype=torch.float64)
         dist.broadcast(total, 0)
-        return float(total) / world, made
+        by_rank: list[Any] = [None] * world
+        dist.all_gather_object(by_rank, made)  # after the window: its own calls are not in `made`
+        return float(total) / world, {k: statistics.mean(m[k] for m in by_rank) for k in KINDS}
 
     def bare(kind: str, nbytes: int, reps: int) -> None:
         if kind == "all_reduce":
@@ -108,10 +93,16 @@ def _probe(rank: int, world: int) -> dict:
             p, gathered = torch.zeros(nbytes, dtype=torch.uint8), torch.empty(world * nbytes, dtype=torch.uint8)
             for _ in range(reps):
                 dist.all_gather_into_tensor(gathered, p)
-        else:  # nbytes to every rank, itself included (a local copy)
+        elif kind == "all_to_all_single":  # nbytes to every rank, itself included (a local copy)
             p, gathered = torch.zeros(world * nbytes, dtype=torch.uint8), torch.empty(world * nbytes, dtype=torch.uint8)
             for _ in range(reps):
                 dist.all_to_all_single(gathered, p)
+        else:  # isend: nbytes to the next rank around a ring, as gossip's messages go
+            p, got = torch.zeros(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
+            for _ in range(reps):
+                sending = dist.isend(p, dst=(rank + 1) % world)
+                dist.recv(got, src=(rank - 1) % world)
+                sending.wait()
 
     # 1. The fixed cost per call of each kind: the kernel's bytes beyond the formula.
     empty, _ = window(lambda: None)  # one barrier
@@ -119,7 +110,8 @@ def _probe(rank: int, world: int) -> dict:
     # The payload each rank sends, written here and not taken from the code under test.
     formulas = {"all_reduce": lambda b: 2 * (world - 1) * b // world,   # ring: reduce-scatter + allgather
                 "all_gather_into_tensor": lambda b: (world - 1) * b,    # ring: P-1 hops of its block
-                "all_to_all_single": lambda b: (world - 1) * b}         # b to every other rank
+                "all_to_all_single": lambda b: (world - 1) * b,         # b to every other rank
+                "isend": lambda b: b}                                   # one message
     by_size: dict[str, dict[int, float]] = {}
     for kind, formula in formulas.items():
         reps, fixed = 10, []
@@ -130,13 +122,15 @@ def _probe(rank: int, world: int) -> dict:
             by_size[kind][nbytes] = fixed[-1]
         per_call[kind] = statistics.median(fixed)
 
-    def train(module: Any, sync: Any, opt: Any, g: Any, first: int, count: int) -> None:
+    def train(module: Any, sync: Any, opt: Any, g: Any, first: int, count: int, settle: bool) -> None:
         for i in range(first, first + count):
             opt.zero_grad()
             x, y = torch.rand(32, 1, 8, 8, generator=g), torch.randint(0, 10, (32,), generator=g)
             F.cross_entropy(module(x), y).backward()
             opt.step()
             sync.after_step(module, i + 1)
+        if settle:
+            sync.settle(module)  # gossip: nothing in flight past here
 
     # 2. The pairs.
     out = {}
@@ -151,9 +145,10 @@ def _probe(rank: int, world: int) -> dict:
         module = sync.wrap(model)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         g = torch.Generator().manual_seed(rank)
-        train(module, sync, opt, g, 0, WARM)
+        settle = sync_name == "gossip"
+        train(module, sync, opt, g, 0, WARM, settle)
         before = ctx.stats.bytes_sent
-        kernel, made = window(train, module, sync, opt, g, WARM, MEASURED)
+        kernel, made = window(train, module, sync, opt, g, WARM, MEASURED, settle)
         cohort = ctx.stats.bytes_sent - before
         counted_by_rank: list[Any] = [None] * world
         dist.all_gather_object(counted_by_rank, cohort)

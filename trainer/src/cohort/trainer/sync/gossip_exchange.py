@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from ..compression.base import Compressor, derive_seed
 from ..compression.packing import pack_floats, unpack_floats
-from .base import CommStats
+from .base import CommStats, allgather_bytes
 
 HEADER_BYTES = 16  # the sender's step (int64) and its typical compute seconds per step (float64)
 
@@ -184,6 +184,7 @@ class PeerExchange:
             mine[p] = torch.tensor([lk.sent, lk.received, int(lk.recv is not None)])
         table = torch.empty(world * world * 3, dtype=torch.int64)
         dist.all_gather_into_tensor(table, mine.reshape(-1), group=self.group)
+        self.stats.record(allgather_bytes(mine.numel() * mine.element_size(), world), 0, 0)  # wire only
         view = table.view(world, world, 3)  # view[j, i]: rank j's counts for its link to rank i
         for p, lk in self.links.items():
             peer_received, peer_posted = int(view[p, self.rank, 1]), int(view[p, self.rank, 2])
