@@ -68,7 +68,7 @@ sys.path.insert(0, str(REPO))
 from test_convergence import TUNED  # noqa: E402
 
 from bench.netcount import quiet_tx_bytes  # noqa: E402
-from bench.stats import host  # noqa: E402
+from bench.stats import host, spread  # noqa: E402
 
 RATES = {"1gbit": "1gbit", "100mbit": "100mbit"}
 WORKERS = 4
@@ -416,14 +416,6 @@ def bytes_table(pairs: list[tuple[str, str]], worlds: list[int]) -> None:
     print(f"\nTargets (payload ratios, no framing): topk(1%) {topk['dense'] / topk['payload']:.1f}x (>= 40x: "
           f"{'met' if topk['dense'] / topk['payload'] >= 40 else 'MISSED'}); signsgd "
           f"{sign['dense'] / sign['payload']:.1f}x (>= 30x: {'met' if sign['dense'] / sign['payload'] >= 30 else 'MISSED'}).")
-
-
-def spread(values: list[float], spec: str = ".2f") -> str:
-    """The median, and [min-max] when there is more than one value."""
-    if not values:
-        return "-"
-    mid = format(statistics.median(values), spec)
-    return mid if len(values) == 1 else f"{mid} [{format(min(values), spec)}-{format(max(values), spec)}]"
 
 
 def train_tables(pairs: list[tuple[str, str]], nets: list[str], hidden: int | None = None,

@@ -1,4 +1,5 @@
-"""Small statistics for the benchmarks: a paired mean with its t interval, Spearman's rho, a bootstrap.
+"""Small statistics for the benchmarks: a paired mean with its t interval, a median with its range,
+Spearman's rho, a bootstrap.
 
 No SciPy: the t quantiles are the standard two-sided 95 % table (df 1-30;
 beyond that the normal 1.96 is within 2 %).
@@ -27,6 +28,14 @@ def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
     t = T975[n - 2] if n - 1 <= len(T975) else 1.96
     half = t * statistics.stdev(values) / math.sqrt(n)
     return mean, mean - half, mean + half
+
+
+def spread(values: Sequence[float], spec: str = ".2f") -> str:
+    """A table cell: the median, and [min-max] when there is more than one value ("-" for none)."""
+    if not values:
+        return "-"
+    mid = format(statistics.median(values), spec)
+    return mid if len(values) == 1 else f"{mid} [{format(min(values), spec)}-{format(max(values), spec)}]"
 
 
 def ranks(values: Sequence[float]) -> list[float]:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from bench.stats import bootstrap, ranks, spearman, t_interval
+from bench.stats import bootstrap, ranks, spearman, spread, t_interval
 
 
 def test_ranks_share_the_mean_rank_on_ties():
@@ -39,3 +39,9 @@ def test_bootstrap_interval_brackets_the_statistic_and_is_reproducible():
     assert low < 9.5 < high
     assert (low, high) == bootstrap(stat, len(data), seed=3)
     assert high - low < 10
+
+
+def test_spread_is_the_median_with_the_range_when_there_is_one():
+    assert spread([3.0, 1.0, 2.0, 10.0]) == "2.50 [1.00-10.00]"
+    assert spread([1234.5], ",.0f") == "1,234"
+    assert spread([]) == "-"
