@@ -172,8 +172,7 @@ build_one() {
   out=$(archive_of "$img")
   [[ -s $out ]] && return 0
   local t0=$SECONDS tmp="$out.partial"
-  rm -f "$tmp.tar"
-  rm -f "$tmp"
+  rm -f "$tmp" "$tmp.tar"
   case $img in
     base) build_base "$tmp" ;;
     pause) build_pause "$tmp" ;;
