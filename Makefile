@@ -37,8 +37,11 @@ lint:  ## ruff everywhere, mypy on the API, the operator and the trainer
 	@cd operator && $(VENV)/bin/mypy src
 	@cd trainer && $(VENV)/bin/mypy src
 
-test: binaries  ## everything: lint, generated files, unit, dist, k8s integration and e2e tests
+test: binaries  ## everything: lint, generated files, the nodes' images, unit, dist, k8s integration and e2e tests
 	@$(MAKE) --no-print-directory lint check-generated
+	@# The images are built here, not by the first cluster test: a cold build (about 15 min) is longer than
+	@# any test's timeout. Cached by content, so a warm run only checks them.
+	@if [ "$${COHORT_REAL_NODES:-2}" != 0 ]; then $(MAKE) --no-print-directory images; fi
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit:  ## only the tests that need no cluster and no process group
