@@ -150,7 +150,7 @@ def cluster_once(kill_step: int, steps: int, run: int) -> tuple[float, int]:
         {"name": "COHORT_FAULT_KILL", "value": f"rank=2,step={kill_step}"}]}]}}
     logs = Path(os.environ.get("COHORT_CLUSTER_DIR", Path.home() / ".cache/cohort/cluster")) / "logs/pods"
     # The killed worker's pod is deleted at once: follow the logs while the job runs.
-    with podlogs.PodLogs(core, ns, f"cohort.dev/job={name}", logs):
+    with podlogs.PodLogs(core, ns, name, logs):
         custom.create_namespaced_custom_object("cohort.dev", "v1alpha1", ns, "trainingjobs", job)
         def finished() -> str | None:
             phase = custom.get_namespaced_custom_object("cohort.dev", "v1alpha1", ns, "trainingjobs", name) \

@@ -131,7 +131,7 @@ def main() -> int:
     t0 = time.monotonic()
     job: dict = {}
     last = ""
-    logs = PodLogs(core, args.namespace, f"cohort.dev/job={name}", CLUSTER_DIR / "logs/pods")
+    logs = PodLogs(core, args.namespace, name, CLUSTER_DIR / "logs/pods")
     logs.clear(f"{name}-worker-")
     with logs:
         while time.monotonic() - t0 < args.timeout:

@@ -5,7 +5,7 @@ failed or replaced worker at once, so the demo and the end-to-end tests follow
 each worker's log through the API server (``kubectl logs -f``) into
 ``<dir>/<namespace>_<pod>_<container>.log`` while it runs.
 
-    with PodLogs(core, namespace, "cohort.dev/job=demo", directory):
+    with PodLogs(core, namespace, "demo", directory):   # the job's name
         ...  # run the job
 """
 
@@ -18,10 +18,12 @@ from typing import Any
 from kubernetes import watch
 from kubernetes.client.rest import ApiException
 
+from cohort.operator.naming import LABEL_JOB
+
 
 class PodLogs:
-    def __init__(self, core: Any, namespace: str, selector: str, directory: Path, container: str = "trainer"):
-        self.core, self.namespace, self.selector = core, namespace, selector
+    def __init__(self, core: Any, namespace: str, job: str, directory: Path, container: str = "trainer"):
+        self.core, self.namespace, self.selector = core, namespace, f"{LABEL_JOB}={job}"  # every pod of the job
         self.directory, self.container = Path(directory), container
         self.directory.mkdir(parents=True, exist_ok=True)
         self._stop = threading.Event()

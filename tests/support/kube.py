@@ -10,6 +10,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from cohort.operator.naming import LABEL_JOB
 from tests.support import wait
 
 T = TypeVar("T")
@@ -85,7 +86,7 @@ class Cluster:
         self.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
 
     def job_pods(self, namespace: str, name: str) -> list[client.V1Pod]:
-        return self.core.list_namespaced_pod(namespace, label_selector=f"cohort.dev/job={name}").items
+        return self.core.list_namespaced_pod(namespace, label_selector=f"{LABEL_JOB}={name}").items
 
     def events(self, namespace: str, name: str) -> list[client.CoreV1Event]:
         return self.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items

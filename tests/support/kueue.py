@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
+from cohort.operator.naming import LABEL_JOB
 from tests.support.kube import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,7 +104,7 @@ class Queue:
 
     def workloads(self, job: str) -> list[dict[str, Any]]:
         out = self.cluster.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, "workloads",
-                                                                label_selector=f"cohort.dev/job={job}")
+                                                                label_selector=f"{LABEL_JOB}={job}")
         return sorted(out["items"], key=lambda w: w["metadata"]["creationTimestamp"] + w["metadata"]["name"])
 
     def delete(self) -> None:

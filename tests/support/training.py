@@ -56,7 +56,7 @@ def create(cluster: Cluster, ns: str, job: dict[str, Any]) -> None:
     """Apply the job (and its checkpoint claim) in a restricted namespace, and follow its workers' logs."""
     restrict(cluster, ns)
     name = job["metadata"]["name"]
-    follower = podlogs.PodLogs(cluster.core, ns, f"cohort.dev/job={name}", LOG_DIR)
+    follower = podlogs.PodLogs(cluster.core, ns, name, LOG_DIR)
     follower.clear(f"{name}-worker-")
     FOLLOWERS.append(follower.__enter__())
     claim = job["spec"]["checkpoint"].get("volume", {}).get("persistentVolumeClaim", {}).get("claimName")
@@ -91,7 +91,7 @@ def explained(cluster: Cluster, ns: str, name: str):
     except AssertionError as e:
         status = cluster.get_job(ns, name).get("status", {})
         pods = [(p.metadata.name, p.status.phase, p.status.pod_ip)
-                for p in cluster.core.list_namespaced_pod(ns, label_selector=f"cohort.dev/job={name}").items]
+                for p in cluster.core.list_namespaced_pod(ns, label_selector=name).items]
         tails = []
         for path in sorted(LOG_DIR.glob(f"{ns}_{name}-worker-*_trainer.log")):
             lines = path.read_text(errors="replace").splitlines()[-6:]
