@@ -98,8 +98,9 @@ def _prepare(files: list[Path], root: Path, vocab_size: int, eval_fraction: floa
                          "the project's virtualenv)") from e
     t0 = time.monotonic()
     texts = {str(f.relative_to(root)): f.read_text(encoding="utf-8", errors="replace") for f in files}
-    names = {"train": [n for n in texts if not is_eval(n, eval_fraction)],
-             "eval": [n for n in texts if is_eval(n, eval_fraction)]}
+    names: dict[str, list[str]] = {"train": [], "eval": []}
+    for n in texts:
+        names["eval" if is_eval(n, eval_fraction) else "train"].append(n)
     if not names["train"] or not names["eval"]:
         raise ValueError(f"{len(texts)} files do not make both a train and an eval split")
     log.info("python-source: read files", extra={
