@@ -546,6 +546,9 @@ def main() -> int:
     ap.add_argument("--gpt", default="", help="networks for the GPT pass (examples/gpt-text.yaml), e.g. "
                                              "'100mbit'; '' skips it")
     args = ap.parse_args()
+    # A stopped run (SIGTERM, as timeout(1) sends) unwinds like Ctrl-C: the finally blocks tear the
+    # network namespaces and the workers down (SIGTERM's default would skip them and leave both behind).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     pairs = [tuple(p.split(":")) for p in args.pairs.split(",")] if args.pairs else ALL_PAIRS
     if args.bytes_worker:
         return _bytes_main(args.bytes_worker, pairs, args.out)
