@@ -91,7 +91,7 @@ def explained(cluster: Cluster, ns: str, name: str):
     except AssertionError as e:
         status = cluster.get_job(ns, name).get("status", {})
         pods = [(p.metadata.name, p.status.phase, p.status.pod_ip)
-                for p in cluster.core.list_namespaced_pod(ns, label_selector=name).items]
+                for p in cluster.job_pods(ns, name)]
         tails = []
         for path in sorted(LOG_DIR.glob(f"{ns}_{name}-worker-*_trainer.log")):
             lines = path.read_text(errors="replace").splitlines()[-6:]
