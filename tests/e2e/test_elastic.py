@@ -62,22 +62,21 @@ def test_worker_pod_deleted_with_kubectl_recovers_in_place(cluster, namespace, r
     assert lost and max(lost) <= 0, lost
 
 
-def steps_per_second(cluster, ns: str, name: str, seconds: float) -> float:
-    """Training rate over a few seconds: the least-squares slope of the job's reported step against time.
+def steps_per_second(cluster, ns: str, names: tuple[str, ...], seconds: float) -> list[float]:
+    """Each job's training rate over the same few seconds: the least-squares slope of its reported step.
 
     The operator refreshes the reported step about once a second, so a reading can be up to a second
-    stale. Two end-point readings of a 12 s window at 15 steps/s were off by up to 8 %, nearly the 10 %
-    the test allows (a run failed at 0.886x, within that error); a slope through a reading every 0.25 s averages
-    the staleness out.
+    stale; a slope through a reading every 0.25 s averages that out.
     """
     ts: list[float] = []
-    steps: list[int] = []
+    steps: list[list[int]] = [[] for _ in names]
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         ts.append(time.monotonic())
-        steps.append(progress(cluster, ns, name).get("step", 0))
+        for series, name in zip(steps, names, strict=True):
+            series.append(progress(cluster, ns, name).get("step", 0))
         time.sleep(0.25)
-    return statistics.linear_regression(ts, steps).slope
+    return [statistics.linear_regression(ts, series).slope for series in steps]
 
 
 LONG = {"epochs": 0, "maxSteps": 3000, "batchSize": 64, "modelArgs": {"hidden": 1024, "depth": 2},
@@ -85,18 +84,34 @@ LONG = {"epochs": 0, "maxSteps": 3000, "batchSize": 64, "modelArgs": {"hidden": 
 
 
 def test_slowed_rank_is_replaced_and_throughput_returns(cluster, namespace, real_nodes, operator):
+    """A rank slowed 4x is replaced, and the job's throughput returns to 0.9x of what it was before.
+
+    This machine's 2 cores run every node, and a healthy job's rate drifts with them: measured with no
+    fault at all, the rate in one 12-20 s window was under 0.9x of the rate a minute earlier in about 30 %
+    of pairs of windows. So the rate is taken relative to a healthy control job, identical but never
+    slowed, that runs beside it over the same seconds: the drift is common to both and cancels (the same
+    measurement of two healthy jobs never went below 0.907x).
+    """
     window_s = 10
-    # Rates come from the reported step, which the operator refreshes once a second: windows of
-    # 12 s keep that sampling within about 10 % (6 s windows made the check flaky on 2 cores).
-    job = training_job("slow", env={"COHORT_FAULT_SLOW": "rank=1,factor=4,step=800"}, workload=LONG,
-                       stragglers={"policy": "replace", "threshold": 2.0, "windowSeconds": window_s})
-    create(cluster, namespace, job)
+    slow_from = 400
+    workload = {**LONG, "maxSteps": 2000}
+    create(cluster, namespace, training_job(
+        "slow", env={"COHORT_FAULT_SLOW": f"rank=1,factor=4,step={slow_from}"}, workload=workload,
+        stragglers={"policy": "replace", "threshold": 2.0, "windowSeconds": window_s}))
+    create(cluster, namespace, training_job("control", workload=workload, stragglers={"policy": "ignore"}))
+    jobs = ("slow", "control")
+
+    def relative_rate(seconds: float) -> float:
+        slow, control = steps_per_second(cluster, namespace, jobs, seconds)
+        return slow / control
+
     wait_step(cluster, namespace, "slow", 100)
-    before = steps_per_second(cluster, namespace, "slow", 12)
-    assert progress(cluster, namespace, "slow").get("step", 0) < 800, "the window before ran into the slowdown"
-    wait_step(cluster, namespace, "slow", 800)
+    wait_step(cluster, namespace, "control", 100)
+    before = relative_rate(20)
+    assert progress(cluster, namespace, "slow").get("step", 0) < slow_from, "the window before ran into the slowdown"
+    wait_step(cluster, namespace, "slow", slow_from)
     t_slow = time.monotonic()
-    slowed = steps_per_second(cluster, namespace, "slow", 3)
+    slowed = relative_rate(4)
     wait_for(lambda: cluster.get_job(namespace, "slow")["status"]["replacements"]["straggler"] >= 1,
              window_s + 60, 0.5, what="the straggler replaced")
     assert time.monotonic() - t_slow <= window_s + 60
@@ -107,9 +122,12 @@ def test_slowed_rank_is_replaced_and_throughput_returns(cluster, namespace, real
              and not any(p.metadata.deletion_timestamp for p in cluster.job_pods(namespace, "slow")),
              60, 0.5, what="the straggler's pod gone")
     time.sleep(4)  # the new world's first steps include its rendezvous and warm-up
-    after = steps_per_second(cluster, namespace, "slow", 12)
-    print(f"steps/s before the slowdown {before:.2f}, slowed {slowed:.2f}, after {after:.2f}")  # shown with -rA
-    assert after >= 0.9 * before, f"steps/s before the slowdown {before:.1f}, slowed {slowed:.1f}, after {after:.1f}"
+    after = relative_rate(20)
+    rates = f"steps/s relative to the control: before the slowdown {before:.2f}, slowed {slowed:.2f}, after {after:.2f}"
+    print(rates)  # shown with -rA
+    assert slowed < 0.9 * before, f"the slowdown did not show: {rates}"
+    assert after >= 0.9 * before, rates
+    cluster.delete_job(namespace, "control")  # the slow job finishes alone
     status = assert_succeeded(wait_finished(cluster, namespace, "slow"))
     assert status["replacements"]["straggler"] >= 1
     reasons = [e.reason for e in cluster.events(namespace, "slow")]
