@@ -95,3 +95,19 @@ def test_methods_that_keep_their_own_momentum_need_the_optimizers_at_zero(method
     ok = {**spec, "workload": workload}
     assert _refused(lambda: parse(TrainingJobSpec, ok)) is None
     assert _refused(lambda: from_manifest({**base, "spec": ok})) is None
+
+
+@pytest.mark.parametrize("method", OWN_MOMENTUM)
+def test_methods_that_keep_their_own_momentum_refuse_adamw_naming_the_optimizer(method):
+    """adamw ignores optimizer.momentum but keeps a first moment of its own, a second momentum on top
+    of dgc's or signum's: both sides refuse it by the optimizer's name, whatever momentum says, and
+    do not blame the momentum field adamw ignores."""
+    base = yaml.safe_load((REPO / "examples/digits.yaml").read_text())
+    for momentum in (0.9, 0.0):
+        workload = {**base["spec"]["workload"], "optimizer": {"name": "adamw", "lr": 0.001, "momentum": momentum}}
+        spec = {**base["spec"], "compression": {"method": method}, "workload": workload}
+        for refuse in (lambda spec=spec: parse(TrainingJobSpec, spec),
+                       lambda spec=spec: from_manifest({**base, "spec": spec})):
+            message = _refused(refuse)
+            assert message is not None and "spec.workload.optimizer.name sgd" in message, message
+            assert "spec.workload.optimizer.momentum" not in message, message

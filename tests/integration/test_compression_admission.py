@@ -27,11 +27,11 @@ ACCEPTED = [("allreduce", m) for m in ("none", "fp16", "bf16", "powersgd", "topk
            [("localsgd", m) for m in ("none", "fp16", "bf16")]
 
 
-def job(name: str, sync: str, method: str, momentum: float | None = None) -> dict:
-    # dgc and signum keep their own momentum: the optimizer's must be 0 (a separate rule, tested below).
+def job(name: str, sync: str, method: str, momentum: float | None = None, optimizer: str = "sgd") -> dict:
+    # dgc and signum keep their own momentum: the optimizer must be sgd at 0 (separate rules, tested below).
     if momentum is None:
         momentum = 0.0 if method in OWN_MOMENTUM else 0.9
-    spec = {"workload": {"optimizer": {"momentum": momentum}},
+    spec = {"workload": {"optimizer": {"name": optimizer, "momentum": momentum}},
             "sync": {"algorithm": sync}, "compression": {"method": method}}
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TrainingJob", "metadata": {"name": name},
             "spec": with_workload(spec)}
@@ -57,3 +57,11 @@ def test_own_momentum_method_with_optimizer_momentum_is_refused_naming_the_field
         cluster.create_job(namespace, job(f"momentum-{method}", "allreduce", method, momentum=0.9))
     assert err.value.status == 422, err.value.body
     assert "spec.workload.optimizer.momentum" in err.value.body, err.value.body
+
+
+@pytest.mark.parametrize("method", OWN_MOMENTUM)
+def test_own_momentum_method_with_adamw_is_refused_naming_the_optimizer(cluster, namespace, method):
+    with pytest.raises(ApiException) as err:
+        cluster.create_job(namespace, job(f"adamw-{method}", "allreduce", method, momentum=0.0, optimizer="adamw"))
+    assert err.value.status == 422, err.value.body
+    assert "spec.workload.optimizer.name sgd" in err.value.body, err.value.body

@@ -56,8 +56,10 @@ SUPPORTED_COMPRESSION: dict[str, tuple[str, ...]] = {
 }
 ALL_COMPRESSION: tuple[str, ...] = CompressionMethod.__args__  # type: ignore[attr-defined]
 # Methods that keep a momentum of their own (compression.momentum) and apply it before
-# compressing (DGC's momentum correction, Signum): the optimizer's must then be 0.
+# compressing (DGC's momentum correction, Signum): the optimizer must then be SGD with
+# momentum 0 (adamw's first moment would be a second momentum).
 OWN_MOMENTUM: tuple[str, ...] = ("dgc", "signum")
+_OWN_MOMENTUM_CEL = "self.compression.method in [" + ", ".join(f"'{m}'" for m in OWN_MOMENTUM) + "]"
 
 
 def _supported_compression_cel() -> str:
@@ -226,7 +228,7 @@ class Compression:
     momentum: float = field(0.9, minimum=0, maximum=0.999,
                             doc="dgc: the momentum of its momentum correction; signum: the local momentum beta "
                                 "whose sign each rank sends. Both keep the momentum themselves, so they need "
-                                "spec.workload.optimizer.momentum 0.")
+                                "spec.workload.optimizer sgd with momentum 0.")
     rank: int = field(2, minimum=1, doc="PowerSGD approximation rank.")
     error_feedback: bool = field(True, doc="Carry the compression residual into the next step (biased compressors).")
 
@@ -382,11 +384,18 @@ class TrainingJobSpec:
                      "(compression hooks act on whole-replica gradients)",
              check=lambda s: s.compression.method == "none" or s.parallelism.strategy in ("data", "auto"),
              field_path=".compression.method"),
-        Rule(cel="!(self.compression.method in [" + ", ".join(f"'{m}'" for m in OWN_MOMENTUM) + "]) || "
-                 "self.workload.optimizer.momentum == 0.0",
+        Rule(cel=f"!({_OWN_MOMENTUM_CEL}) || self.workload.optimizer.name == 'sgd'",
+             message="spec.compression.method " + " and ".join(OWN_MOMENTUM) + " apply their own momentum "
+                     "(spec.compression.momentum): they need spec.workload.optimizer.name sgd, since adamw "
+                     "keeps a momentum of its own",
+             check=lambda s: s.compression.method not in OWN_MOMENTUM or s.workload.optimizer.name == "sgd",
+             field_path=".workload.optimizer.name"),
+        Rule(cel=f"!({_OWN_MOMENTUM_CEL}) || self.workload.optimizer.name != 'sgd' "
+                 "|| self.workload.optimizer.momentum == 0.0",
              message="spec.compression.method " + " and ".join(OWN_MOMENTUM) + " apply their own momentum "
                      "(spec.compression.momentum): they need spec.workload.optimizer.momentum 0",
-             check=lambda s: s.compression.method not in OWN_MOMENTUM or s.workload.optimizer.momentum == 0,
+             check=lambda s: (s.compression.method not in OWN_MOMENTUM or s.workload.optimizer.name != "sgd"
+                              or s.workload.optimizer.momentum == 0),
              field_path=".workload.optimizer.momentum"),
         Rule(cel="self.compression.collective == 'allgather' || "
                  "(self.compression.method == 'topk' && self.sync.algorithm == 'allreduce')",

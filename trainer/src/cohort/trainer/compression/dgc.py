@@ -12,7 +12,7 @@ compression (§3.2, "momentum correction"), per DDP bucket:
 
 Every rank applies the mean of the sent velocities as its update, so the job's
 optimizer must not add momentum again: admission refuses ``dgc`` unless
-``spec.workload.optimizer.momentum`` is 0 (models.py, OWN_MOMENTUM).
+the optimizer is SGD with ``spec.workload.optimizer.momentum`` 0 (models.py, OWN_MOMENTUM).
 
 The wire format is top-k's: k = ceil(ratio * n) (int32 index, fp32 value)
 pairs, 8k bytes (``perTensor`` as for topk). Deliberate differences from the
