@@ -41,7 +41,7 @@ test: binaries  ## everything: lint, generated files, the nodes' images, unit, d
 	@$(MAKE) --no-print-directory lint check-generated
 	@# The images are built here, not by the first cluster test: a cold build (about 15 min) is longer than
 	@# any test's timeout. Cached by content, so a warm run only checks them.
-	@if [ "$${COHORT_REAL_NODES:-2}" != 0 ]; then $(MAKE) --no-print-directory images; fi
+	@if [ "$$(hack/nodes.sh count)" != 0 ]; then $(MAKE) --no-print-directory images; fi
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit:  ## only the tests that need no cluster and no process group

@@ -8,6 +8,9 @@ REPO_ROOT=$(cd "$HACK_DIR/.." && pwd)
 source "$HACK_DIR/versions.env"
 COHORT_CACHE=${COHORT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cohort}
 BIN_CACHE="$COHORT_CACHE/bin"
+# Real nodes the local cluster runs (hack/cluster.sh, hack/nodes.sh; `make test` builds their
+# images only when there are some). 0: the control plane and kwok nodes only.
+REAL_NODES=${COHORT_REAL_NODES:-2}
 mkdir -p "$BIN_CACHE"
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }

@@ -9,6 +9,7 @@
 #   hack/nodes.sh down      stop every pod, container, process, mount and network it made
 #   hack/nodes.sh status    exit 0 if every node's processes are alive
 #   hack/nodes.sh images    build the images that changed and import them into every node
+#   hack/nodes.sh count     print how many real nodes the cluster runs (COHORT_REAL_NODES, default 2)
 #
 # Node i is `cohort-node-i`: pods get 10.88.i.0/24 on the bridge cohort-br<i>
 # (gateway 10.88.i.1). The API server is advertised to pods at 10.87.0.1 (on
@@ -47,7 +48,7 @@ NODES_DIR="$CLUSTER_DIR/nodes"
 # machine's image store: a warm cluster-up imports only images that changed.
 CTRD_ROOTS="$COHORT_CACHE/containerd"
 RUN_DIR=/run/cohort
-N=${COHORT_REAL_NODES:-2}
+N=$REAL_NODES
 KUBELET_PORT=${COHORT_KUBELET_PORT:-12250}
 K8S_BIN="$BIN_CACHE/kubernetes-$K8S_VERSION"
 CTRD_BIN="$BIN_CACHE/containerd-$CONTAINERD_VERSION"
@@ -492,5 +493,6 @@ case ${1:-} in
   images) images ;;
   down) down; log "real nodes down" ;;
   status) healthy && echo healthy || { echo "not running"; exit 1; } ;;
-  *) echo "usage: $0 net-up|up|down|status|images" >&2; exit 2 ;;
+  count) echo "$N" ;;
+  *) echo "usage: $0 net-up|up|down|status|images|count" >&2; exit 2 ;;
 esac
