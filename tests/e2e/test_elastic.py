@@ -90,7 +90,7 @@ def test_slowed_rank_is_replaced_and_throughput_returns(cluster, namespace, real
     fault at all, the rate in one 12-20 s window was under 0.9x of the rate a minute earlier in about 30 %
     of pairs of windows. So the rate is taken relative to a healthy control job, identical but never
     slowed, that runs beside it over the same seconds: the drift is common to both and cancels (the same
-    measurement of two healthy jobs never went below 0.907x).
+    measurement of two healthy jobs, in one 240 s run, never went below 0.907x).
     """
     window_s = 10
     slow_from = 400

@@ -60,6 +60,8 @@ ALL_COMPRESSION: tuple[str, ...] = CompressionMethod.__args__  # type: ignore[at
 # momentum 0 (adamw's first moment would be a second momentum).
 OWN_MOMENTUM: tuple[str, ...] = ("dgc", "signum")
 _OWN_MOMENTUM_CEL = "self.compression.method in [" + ", ".join(f"'{m}'" for m in OWN_MOMENTUM) + "]"
+_OWN_MOMENTUM_NEEDS = ("spec.compression.method " + " and ".join(OWN_MOMENTUM)
+                       + " apply their own momentum (spec.compression.momentum): they need ")
 
 
 def _supported_compression_cel() -> str:
@@ -385,15 +387,12 @@ class TrainingJobSpec:
              check=lambda s: s.compression.method == "none" or s.parallelism.strategy in ("data", "auto"),
              field_path=".compression.method"),
         Rule(cel=f"!({_OWN_MOMENTUM_CEL}) || self.workload.optimizer.name == 'sgd'",
-             message="spec.compression.method " + " and ".join(OWN_MOMENTUM) + " apply their own momentum "
-                     "(spec.compression.momentum): they need spec.workload.optimizer.name sgd, since adamw "
-                     "keeps a momentum of its own",
+             message=_OWN_MOMENTUM_NEEDS + "spec.workload.optimizer.name sgd, since adamw keeps a momentum of its own",
              check=lambda s: s.compression.method not in OWN_MOMENTUM or s.workload.optimizer.name == "sgd",
              field_path=".workload.optimizer.name"),
         Rule(cel=f"!({_OWN_MOMENTUM_CEL}) || self.workload.optimizer.name != 'sgd' "
                  "|| self.workload.optimizer.momentum == 0.0",
-             message="spec.compression.method " + " and ".join(OWN_MOMENTUM) + " apply their own momentum "
-                     "(spec.compression.momentum): they need spec.workload.optimizer.momentum 0",
+             message=_OWN_MOMENTUM_NEEDS + "spec.workload.optimizer.momentum 0",
              check=lambda s: (s.compression.method not in OWN_MOMENTUM or s.workload.optimizer.name != "sgd"
                               or s.workload.optimizer.momentum == 0),
              field_path=".workload.optimizer.momentum"),
