@@ -20,7 +20,7 @@ deferred Events are done). Its own kwok
 nodes (``--nodes`` x ``--pods-per-node``) are created first and deleted at
 the end, with the namespaces.
 
-    python bench/operator_scale.py --jobs 100 --jobs 500
+    python bench/operator_scale.py --jobs 100 --jobs 500 --repeats 3
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from kubernetes.client.rest import ApiException
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from bench.stats import host, spread  # noqa: E402
 from cohort.api.models import TrainingJobSpec  # noqa: E402
 from cohort.api.schema import parse, to_dict  # noqa: E402
 from cohort.operator.pods import build_worker_pod  # noqa: E402
@@ -313,21 +314,32 @@ def run_operator(cluster: Cluster, n_jobs: int, workers: int, concurrency: int, 
         cluster.drop_namespace(ns)
 
 
-def table(n_jobs: int, workers: int, concurrency: int, base: dict[str, float], op: dict[str, float]) -> str:
-    b_rate, o_rate = base["pods"] / base["exist_s"], op["pods"] / op["exist_s"]
+def table(n_jobs: int, workers: int, concurrency: int, rounds: list[tuple[dict[str, float], dict[str, float]]]) -> str:
+    """One row per metric: the median and [min-max] over the rounds; a ratio is taken within its round."""
+    def col(f: Any, spec: str) -> str:
+        return spread([f(base, op) for base, op in rounds], spec)
+
+    def rate(r: dict[str, float]) -> float:
+        return r["pods"] / r["exist_s"]
+
     rows = [
-        ("all pods exist (s)", f"{op['exist_s']:.1f}", f"{base['exist_s']:.1f}", f"{base['exist_s'] / op['exist_s']:.2f}x"),
-        ("pod creation throughput (pods/s)", f"{o_rate:.0f}", f"{b_rate:.0f}", f"{o_rate / b_rate:.2f}x (target >= 0.8x)"),
-        ("all jobs Running / all pods Ready (s)", f"{op['running_s']:.1f}", f"{base['running_s']:.1f}",
-         f"{base['running_s'] / op['running_s']:.2f}x"),
-        ("apply->Running per job p50 (s)", f"{op['p50_s']:.2f}", "", ""),
-        ("apply->Running per job p99 (s)", f"{op['p99_s']:.2f}", "", ""),
-        ("operator settled after all Running (s)", f"{op['settle_s']:.1f}", "", "Service/RBAC/PDB, Events"),
-        ("operator CPU until all Running (% of one core)", f"{op['busy_cpu_pct']:.0f}", "", ""),
-        ("operator peak RSS (MB)", f"{op['rss_mb']:.0f}", "", "target <= 250"),
-        ("operator idle CPU (% of one core)", f"{op['idle_cpu_pct']:.1f}", "", "target <= 5"),
+        ("all pods exist (s)", col(lambda b, o: o["exist_s"], ".1f"), col(lambda b, o: b["exist_s"], ".1f"),
+         col(lambda b, o: b["exist_s"] / o["exist_s"], ".2f") + "x"),
+        ("pod creation throughput (pods/s)", col(lambda b, o: rate(o), ".0f"), col(lambda b, o: rate(b), ".0f"),
+         col(lambda b, o: rate(o) / rate(b), ".2f") + "x (target >= 0.8x)"),
+        ("all jobs Running / all pods Ready (s)", col(lambda b, o: o["running_s"], ".1f"),
+         col(lambda b, o: b["running_s"], ".1f"), col(lambda b, o: b["running_s"] / o["running_s"], ".2f") + "x"),
+        ("apply->Running per job p50 (s)", col(lambda b, o: o["p50_s"], ".2f"), "", ""),
+        ("apply->Running per job p99 (s)", col(lambda b, o: o["p99_s"], ".2f"), "", ""),
+        ("operator settled after all Running (s)", col(lambda b, o: o["settle_s"], ".1f"), "",
+         "Service/RBAC/PDB, Events"),
+        ("operator CPU until all Running (% of one core)", col(lambda b, o: o["busy_cpu_pct"], ".0f"), "", ""),
+        ("operator peak RSS (MB)", col(lambda b, o: o["rss_mb"], ".0f"), "", "target <= 250"),
+        ("operator idle CPU (% of one core)", col(lambda b, o: o["idle_cpu_pct"], ".1f"), "", "target <= 5"),
     ]
-    head = f"N = {n_jobs} TrainingJobs x {workers} workers = {op['pods']:.0f} pods, concurrency {concurrency}"
+    pods = rounds[0][1]["pods"]
+    head = (f"N = {n_jobs} TrainingJobs x {workers} workers = {pods:.0f} pods, concurrency {concurrency}, "
+            f"{len(rounds)} round(s): the median and [min-max]")
     lines = [head, "", "| metric | operator | baseline (plain client) | operator vs baseline |", "|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
     return "\n".join(lines)
@@ -341,25 +353,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=10)
     ap.add_argument("--pods-per-node", type=int, default=300)
     ap.add_argument("--idle-seconds", type=float, default=30)
+    ap.add_argument("--repeats", type=int, default=1, help="rounds per N (baseline, operator, baseline each)")
     ap.add_argument("--log", type=Path, default=Path("/tmp/cohort-bench-operator.log"))
     args = ap.parse_args(argv)
     cluster = Cluster()
     cluster.ensure_crd()
     nodes = cluster.create_nodes(f"bench-kwok-{uuid.uuid4().hex[:4]}", args.nodes, args.pods_per_node)
+    print(f"Host at the start: {host()}", flush=True)
     try:
         for n in args.jobs or [100]:
-            # The baseline runs before and after the operator and is averaged:
-            # a shared machine's load drifts, and both sides should see the same.
-            before = run_baseline(cluster, n, args.workers, args.concurrency)
-            op = run_operator(cluster, n, args.workers, args.concurrency, args.idle_seconds, args.log)
-            after = run_baseline(cluster, n, args.workers, args.concurrency)
-            base = {k: (before[k] + after[k]) / 2 for k in before}
-            print(table(n, args.workers, args.concurrency, base, op), flush=True)
-            print(f"(baseline before/after the operator: pods exist {before['exist_s']:.1f}/{after['exist_s']:.1f} s, "
-                  f"Ready {before['running_s']:.1f}/{after['running_s']:.1f} s)", flush=True)
+            rounds = []
+            for r in range(args.repeats):
+                # The baseline runs before and after the operator and is averaged:
+                # a shared machine's load drifts, and both sides should see the same.
+                before = run_baseline(cluster, n, args.workers, args.concurrency)
+                op = run_operator(cluster, n, args.workers, args.concurrency, args.idle_seconds, args.log)
+                after = run_baseline(cluster, n, args.workers, args.concurrency)
+                rounds.append(({k: (before[k] + after[k]) / 2 for k in before}, op))
+                print(f"(N = {n}, round {r + 1}: baseline before/after the operator: pods exist "
+                      f"{before['exist_s']:.1f}/{after['exist_s']:.1f} s, Ready {before['running_s']:.1f}/"
+                      f"{after['running_s']:.1f} s; operator {op['exist_s']:.1f}/{op['running_s']:.1f} s)", flush=True)
+            print(flush=True)
+            print(table(n, args.workers, args.concurrency, rounds), flush=True)
             print(flush=True)
     finally:
         cluster.delete_nodes(nodes)
+        print(f"Host at the end: {host()}", flush=True)
     return 0
 
 
