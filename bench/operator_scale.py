@@ -34,6 +34,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -316,7 +317,7 @@ def run_operator(cluster: Cluster, n_jobs: int, workers: int, concurrency: int, 
 
 def table(n_jobs: int, workers: int, concurrency: int, rounds: list[tuple[dict[str, float], dict[str, float]]]) -> str:
     """One row per metric: the median and [min-max] over the rounds; a ratio is taken within its round."""
-    def col(f: Any, spec: str) -> str:
+    def col(f: Callable[[dict[str, float], dict[str, float]], float], spec: str) -> str:
         return spread([f(base, op) for base, op in rounds], spec)
 
     def rate(r: dict[str, float]) -> float:
