@@ -382,6 +382,11 @@ def _parse(run_dir: Path, run: Run, reached: Callable[[dict[str, Any]], bool]) -
 
 # --- tables ------------------------------------------------------------------------------
 
+def times(ratios: list[float]) -> str:
+    """A ratio cell: the spread with an "x", or "-" when no run could be compared."""
+    return f"{spread(ratios)}x" if ratios else "-"
+
+
 def fmt(v: float | None, spec: str = ".2f", none: str = "-") -> str:
     return none if v is None else format(v, spec)
 
@@ -488,7 +493,7 @@ def train_tables(pairs: list[tuple[str, str]], nets: list[str], hidden: int | No
             qual = [q for q in ((r.eval_loss if gpt else r.accuracy) for r in ok) if q is not None]
             tx = f" {spread([r.tx_bytes[0] / max(r.steps, 1) for r in ok if r.tx_bytes], ',.0f')} |" if kernel else ""
             print(f"| {sync} {method} | {spread(qual, '.4f')} | {spread([r.step_ms for r in ok if r.step_ms], '.1f')} | "
-                  f"{spread(rel_step)}x | {target} | {spread(rel_target)}x |{tx}")
+                  f"{times(rel_step)} | {target} | {times(rel_target)} |{tx}")
             if method != "none" and rel_target and len(reached) == len(ok):
                 best.append((statistics.median(rel_target), (sync, method)))
         if best:
