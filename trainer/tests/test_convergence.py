@@ -71,6 +71,19 @@ def test_pair_reaches_target_accuracy(sync, method, tmp_path):
     assert summary["step"] == 330  # the full epoch budget: 30 epochs x 11 steps of 4 x 32 samples
 
 
+# compression.collective cyclic changes what top-k sends (the cycling leader's indices, every rank's values
+# there), so it needs its own run; sparse sums the same entries as the allgather (test_sync_dist.py).
+@pytest.mark.parametrize("collective", ["cyclic"])
+def test_topk_collective_reaches_target_accuracy(collective, tmp_path):
+    m = manifest("allreduce", "topk")
+    m["spec"]["compression"]["collective"] = collective
+    out = io.StringIO()
+    summary = run_local(from_manifest(m), workers=4, run_dir=str(tmp_path / "run"), out=out)
+    assert summary.get("accuracy") is not None, out.getvalue()[-2000:]
+    assert summary["accuracy"] >= 0.94, (summary, out.getvalue()[-2000:])
+    assert summary["step"] == 330
+
+
 # The control that shows a bar means something: without communication each worker trains alone.
 #
 # On digits it cannot fail the bar. The data order gives every rank a random quarter of each global batch,

@@ -58,7 +58,7 @@ def probe(tmp_path_factory) -> dict:
 
 def test_the_fixed_cost_per_call_is_small_and_positive(probe):
     per_call = probe["per_call"]
-    for kind in ("all_reduce", "all_gather_into_tensor", "all_to_all_single", "isend"):
+    for kind in ("all_reduce", "all_gather_into_tensor", "all_to_all_single", "broadcast", "isend"):
         assert 0 < per_call[kind] < 20_000, per_call
 
 

@@ -34,12 +34,12 @@ WORLD, WARM, MEASURED, HIDDEN = 4, 4, 6, 1024
 # The pairs whose collectives all go through torch.distributed's Python functions (so they can be
 # counted here): dense allreduce runs in DDP's C++ reducer (see the test).
 PAIRS = [("allreduce", "fp16", "-"), ("allreduce", "powersgd", "-"), ("allreduce", "topk", "allgather"),
-         ("allreduce", "topk", "sparse"), ("allreduce", "qsgd", "-"), ("allreduce", "terngrad", "-"),
+         ("allreduce", "topk", "sparse"), ("allreduce", "topk", "cyclic"), ("allreduce", "qsgd", "-"), ("allreduce", "terngrad", "-"),
          ("allreduce", "signsgd", "-"), ("allreduce", "dgc", "-"), ("allreduce", "threshold", "-"),
          ("allreduce", "natural", "-"), ("allreduce", "onebit", "-"), ("allreduce", "signum", "-"),
          ("localsgd", "none", "-"), ("localsgd", "fp16", "-"), ("gossip", "none", "-"), ("gossip", "qsgd", "-")]
 LOCALSGD_PERIOD, LOCALSGD_WARMUP = 2, 2  # so the measured steps hold both local steps and averaging rounds
-KINDS = ("all_reduce", "all_gather_into_tensor", "all_to_all_single", "isend", "barrier")
+KINDS = ("all_reduce", "all_gather_into_tensor", "all_to_all_single", "broadcast", "isend", "barrier")
 # Calibration sizes, bytes per rank: the pairs' calls range from the sparse collective's 16-byte headers to
 # whole buckets. The fixed cost is flat from 64 B to 4 KB; at 64 KB an all-to-all costs about 250 B more
 # (1,273 against 1,008-1,022 B per call, measured), so the median over the range is the estimate: the mean
@@ -97,6 +97,10 @@ def _probe(rank: int, world: int) -> dict:
             p, gathered = torch.zeros(world * nbytes, dtype=torch.uint8), torch.empty(world * nbytes, dtype=torch.uint8)
             for _ in range(reps):
                 dist.all_to_all_single(gathered, p)
+        elif kind == "broadcast":  # nbytes from rank 0 to every other rank
+            p = torch.zeros(nbytes, dtype=torch.uint8)
+            for _ in range(reps):
+                dist.broadcast(p, 0)
         else:  # isend: nbytes to the next rank around a ring, as gossip's messages go
             p, got = torch.zeros(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
             for _ in range(reps):
@@ -111,6 +115,7 @@ def _probe(rank: int, world: int) -> dict:
     formulas = {"all_reduce": lambda b: 2 * (world - 1) * b // world,   # ring: reduce-scatter + allgather
                 "all_gather_into_tensor": lambda b: (world - 1) * b,    # ring: P-1 hops of its block
                 "all_to_all_single": lambda b: (world - 1) * b,         # b to every other rank
+                "broadcast": lambda b: (world - 1) * b / world,         # every rank but the root gets b once
                 "isend": lambda b: b}                                   # one message
     by_size: dict[str, dict[int, float]] = {}
     for kind, formula in formulas.items():

@@ -36,7 +36,7 @@ Topology = Literal["ring", "exponential", "random"]
 CompressionMethod = Literal[
     "none", "fp16", "bf16", "powersgd", "topk", "randomk", "qsgd", "terngrad", "signsgd",
     "dgc", "threshold", "natural", "onebit", "signum"]
-CompressionCollective = Literal["allgather", "sparse"]
+CompressionCollective = Literal["allgather", "sparse", "cyclic"]
 OptimizerName = Literal["sgd", "adamw"]
 StragglerPolicy = Literal["replace", "ignore"]
 SuccessPolicy = Literal["rank0", "all"]
@@ -214,9 +214,11 @@ class Compression:
                          doc="Fraction of entries kept by topk, randomk and dgc; for threshold, the payload's "
                              "capacity: at most ceil(ratio x n) entries of a bucket of n travel.")
     collective: CompressionCollective = field(
-        "allgather", doc="topk under allreduce: allgather each rank's payload (bytes per rank grow with P), or "
+        "allgather", doc="topk under allreduce: allgather each rank's payload (bytes per rank grow with P); "
         "sparse: a sparse reduce-scatter then an allgather of the summed ranges (SparCML), whose bytes stay "
-        "flat in P as far as the ranks' top-k overlap, and never exceed a dense allreduce's.")
+        "flat in P as far as the ranks' top-k overlap, and never exceed a dense allreduce's; or cyclic: one "
+        "rank's top-k indices, the rank cycling from step to step, used by every rank (ScaleCom's CLT-k), a "
+        "broadcast of k indices and an allreduce of k values, flat in P whatever the overlap.")
     per_tensor: bool = field(False, doc="topk and dgc: keep ratio of every gradient tensor's entries rather than of the "
                              "whole DDP bucket (or gossip vector), so a small layer that shares a bucket with a "
                              "large one keeps its share.")
@@ -398,7 +400,7 @@ class TrainingJobSpec:
              field_path=".workload.optimizer.momentum"),
         Rule(cel="self.compression.collective == 'allgather' || "
                  "(self.compression.method == 'topk' && self.sync.algorithm == 'allreduce')",
-             message="spec.compression.collective sparse needs spec.compression.method topk and "
+             message="spec.compression.collective sparse or cyclic needs spec.compression.method topk and "
                      "spec.sync.algorithm allreduce",
              check=lambda s: s.compression.collective == "allgather" or (
                  s.compression.method == "topk" and s.sync.algorithm == "allreduce"),

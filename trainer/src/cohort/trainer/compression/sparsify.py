@@ -34,6 +34,7 @@ import torch
 
 from ..sync.base import SyncContext
 from .base import Compressor, generator, kept
+from .cyclic_topk import cyclic_hook
 from .error_feedback import ErrorFeedback
 from .hooks import Hook
 from .packing import Reader, pack_floats, pack_sparse, unpack_floats, unpack_sparse
@@ -49,7 +50,8 @@ class TopKConfig:
     segments: tuple[int, ...] = ()
     """The tensors' sizes, in vector order (set by ``layout``; empty: the vector is one segment)."""
     collective: str = "allgather"
-    """How DDP's buckets travel (compression.collective): allgather of payloads, or sparse allreduce."""
+    """How DDP's buckets travel (compression.collective): allgather of payloads, sparse allreduce, or the
+    cyclic leader's indices with an allreduce of the values."""
 
 
 class TopK(Compressor):
@@ -58,9 +60,10 @@ class TopK(Compressor):
     biased = True
 
     def ddp_hook(self, ctx: SyncContext) -> tuple[Any, Hook] | None:
-        if self.config.collective != "sparse":
+        if self.config.collective == "allgather":
             return super().ddp_hook(ctx)
-        return sparse_hook(ctx, self, ErrorFeedback() if ctx.spec.compression.error_feedback else None)
+        hook = sparse_hook if self.config.collective == "sparse" else cyclic_hook
+        return hook(ctx, self, ErrorFeedback() if ctx.spec.compression.error_feedback else None)
 
     def layout(self, sizes: Sequence[int]) -> TopK:
         return TopK(replace(self.config, segments=tuple(sizes))) if self.config.per_tensor else self
@@ -71,11 +74,12 @@ class TopK(Compressor):
             raise ValueError(f"topk: a vector of {numel} entries is not the layout {segments} it was built for")
         return segments
 
-    def _k(self, numel: int) -> int:
+    def count(self, numel: int) -> int:
+        """k: how many entries a vector of ``numel`` keeps (the sum over its segments)."""
         return sum(kept(n, self.config.ratio) for n in self._segments(numel) if n)
 
     def payload_nbytes(self, numel: int) -> int:
-        return 8 * self._k(numel)
+        return 8 * self.count(numel)
 
     def select(self, x: torch.Tensor) -> torch.Tensor:
         """Indices of the k largest |x| (of each segment's k_i largest, per tensor)."""
@@ -92,7 +96,7 @@ class TopK(Compressor):
         return pack_sparse(idx, x[idx])
 
     def decode(self, payload: torch.Tensor, numel: int, seed: int) -> torch.Tensor:
-        idx, values = unpack_sparse(payload, self._k(numel))
+        idx, values = unpack_sparse(payload, self.count(numel))
         return torch.zeros(numel).index_put_((idx,), values)
 
     def consensus_step(self) -> float:
