@@ -1,24 +1,31 @@
-"""Top-k's two collectives, and a dense allreduce, counted by the kernel (a benchmark, needs root).
+"""Top-k's three collectives, and a dense allreduce, counted by the kernel (a benchmark, needs root).
 
-    sudo python bench/sparse_collective.py [--worlds 2,4,8] [--hidden 2048] [--ratio 0.01] [--steps 20]
+    sudo python bench/sparse_collective.py [--workload digits|gpt] [--worlds 2,4,8] [--hidden 2048]
+                                           [--ratio 0.01] [--steps 20]
 
 For each world size P, P gloo ranks run in a network namespace of their own,
 whose loopback carries nothing else, so its tx_bytes counter is exactly what
-they sent (TCP/IP headers and ACKs included). The ranks first train the digits
-MLP (``--hidden`` wide) for ``--steps`` steps with top-k (``--ratio``) and
-error feedback summed by the sparse allreduce, keeping each step's selection
-and dense gradient. Then, between barriers, they replay those steps' traffic
-three ways: a dense ring allreduce of the gradient, an allgather of the top-k
-payloads (Cohort's ``collective: allgather``) and the sparse allreduce
-(``collective: sparse``); and a loop of barriers alone, subtracted from each.
+they sent (TCP/IP headers and ACKs included). The ranks first train a
+workload for ``--steps`` steps with top-k (``--ratio``) and error feedback
+summed by the sparse allreduce, keeping each step's selection and dense
+gradient. The workload is an example's model, data, batch size and optimizer
+(at its base lr, no warmup): ``digits`` is examples/digits.yaml with the MLP
+``--hidden`` wide, ``gpt`` is examples/gpt-text.yaml (a 4-layer GPT on the
+standard library's source). Then, between barriers, they replay those steps' traffic
+four ways: a dense ring allreduce of the gradient, an allgather of the top-k
+payloads (Cohort's ``collective: allgather``), the sparse allreduce
+(``collective: sparse``) and CLT-k (``collective: cyclic``: the cycling
+leader's top-k indices broadcast, the k values allreduced; its bytes do not
+depend on the values); and a loop of barriers alone, subtracted from each.
 Each replay runs ``--repeats`` times: the table gives the median and the range.
 
 Per rank and step = the namespace's tx bytes / P / steps (the mean over
 ranks). Cohort's own count (what ``cohort_bytes_sent_total`` adds up) is shown
 beside, also as the mean over ranks; the busiest rank's is in the last column. "union / Pk" is how much the ranks' selections overlap: 1/P when all
-ranks pick the same entries, 1 when they are disjoint. The sparse allreduce's
-phase 2 sends (P-1) times its merged range, so this number decides how its
-bytes grow with P.
+ranks pick the same entries, 1 when they are disjoint (its mean over the steps,
+and over the last 5, since error feedback decorrelates the ranks' selections as
+training goes on). The sparse allreduce's phase 2 sends (P-1) times its merged
+range, so this number decides how its bytes grow with P.
 """
 
 from __future__ import annotations
@@ -38,27 +45,33 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from bench.netcount import lo_tx_bytes  # noqa: E402
 
+EXAMPLES = {"digits": "examples/digits.yaml", "gpt": "examples/gpt-text.yaml"}
+
 
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
 
+    from cohort.api.jobconfig import load_manifest
     from cohort.trainer.compression.base import kept
+    from cohort.trainer.compression.cyclic_topk import cyclic_wire_bytes, leaders_indices
     from cohort.trainer.compression.error_feedback import ErrorFeedback
     from cohort.trainer.compression.sparse_allreduce import sparse_allreduce
     from cohort.trainer.compression.sparsify import TopK, TopKConfig
     from cohort.trainer.runtime.process_group import exit_process
     from cohort.trainer.sync.base import allgather_bytes, ring_allreduce_bytes
-    from cohort.trainer.workloads.datasets import digits
-    from cohort.trainer.workloads.models import MLP
+    from cohort.trainer.trainer import build_optimizer
+    from cohort.trainer.workloads.workload import build_workload
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    data = digits()
-    torch.manual_seed(0)
-    model = MLP(data.info, hidden=args.hidden)
+    spec = load_manifest(REPO / EXAMPLES[args.workload]).spec
+    if args.workload == "digits":
+        spec.workload.model_args["hidden"] = args.hidden
+    work = build_workload(spec, seed=0)
+    model, data, batch = work.model, work.data, spec.workload.batch_size
     params = list(model.parameters())
+    opt = build_optimizer(params, spec.workload.optimizer)
     n = sum(p.numel() for p in params)
     topk, ef = TopK(TopKConfig(ratio=args.ratio)), ErrorFeedback()
     k = kept(n, args.ratio)
@@ -66,9 +79,9 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str)
     unions, cohort_sparse = [], []
     g = torch.Generator().manual_seed(rank)
     for _ in range(args.steps):
-        idx = torch.randint(len(data.train), (32,), generator=g)
+        x_in, y_in = data.train.fetch(torch.randint(len(data.train), (batch,), generator=g))
         model.zero_grad()
-        F.cross_entropy(model(data.train.x[idx]), data.train.y[idx]).backward()
+        work.loss_fn(model(x_in), y_in).backward()
         grad = torch.cat([p.grad.reshape(-1) for p in params])
         x = ef.compensate("all", grad)
         sel = topk.select(x)
@@ -80,11 +93,11 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str)
         dist.all_gather_into_tensor(picked, sel.to(torch.int64))
         unions.append(picked.unique().numel() / (world * k))
         update = done.total / world
-        with torch.no_grad():
-            offset = 0
-            for p in params:
-                p -= 0.1 * update[offset:offset + p.numel()].view_as(p)
-                offset += p.numel()
+        offset = 0
+        for p in params:
+            p.grad.copy_(update[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        opt.step()
         steps.append((sel, vals, grad))
 
     def dense() -> None:
@@ -101,12 +114,18 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str)
         for sel, vals, _ in steps:
             sparse_allreduce(sel, vals, n, rank, world)
 
+    def cyclic() -> None:  # its bytes do not depend on the values: each step's gradient stands in for them
+        for step, (_, _, grad) in enumerate(steps):
+            chosen = leaders_indices(grad, topk.select, k, step % world, rank)
+            dist.all_reduce(grad[chosen])
+
     def barriers() -> None:
         pass
 
-    kernel: dict[str, list[float]] = {name: [] for name in ("barriers", "dense", "allgather", "sparse")}
+    loops = {"barriers": barriers, "dense": dense, "allgather": allgather, "sparse": sparse, "cyclic": cyclic}
+    kernel: dict[str, list[float]] = {name: [] for name in loops}
     for _ in range(args.repeats):
-        for name, loop in (("barriers", barriers), ("dense", dense), ("allgather", allgather), ("sparse", sparse)):
+        for name, loop in loops.items():
             dist.barrier()
             before = lo_tx_bytes()
             loop()
@@ -116,11 +135,16 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str)
     dist.all_gather_into_tensor(counted, torch.tensor([statistics.mean(cohort_sparse)], dtype=torch.float64))
     if rank == 0:
         cohort = {"dense": ring_allreduce_bytes(4 * n, world), "allgather": allgather_bytes(8 * k, world),
-                  "sparse": float(counted.mean()), "sparse_max": float(counted.max())}
+                  "sparse": float(counted.mean()), "sparse_max": float(counted.max()),
+                  "cyclic": cyclic_wire_bytes(k, world)}
         Path(out).write_text(json.dumps({"n": n, "k": k, "kernel": kernel, "cohort": cohort,
-                                         "union": statistics.mean(unions), "steps": args.steps}))
+                                         "union": unions, "steps": args.steps}))
     dist.destroy_process_group()
     exit_process(0)
+
+
+def median_range(values: list[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
 
 
 def run_world(world: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -133,7 +157,7 @@ def run_world(world: int, args: argparse.Namespace) -> dict[str, Any]:
         subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True, capture_output=True, text=True)
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
             cmd = ["ip", "netns", "exec", ns, sys.executable, __file__, "--worker", "--world", str(world),
-                   "--hidden", str(args.hidden), "--ratio", str(args.ratio), "--steps", str(args.steps),
+                   "--workload", args.workload, "--hidden", str(args.hidden), "--ratio", str(args.ratio), "--steps", str(args.steps),
                    "--repeats", str(args.repeats), "--out", out.name]
             subprocess.run(cmd, check=True)
             return json.loads(Path(out.name).read_text())
@@ -143,6 +167,7 @@ def run_world(world: int, args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", choices=sorted(EXAMPLES), default="digits")
     ap.add_argument("--worlds", default="2,4,8")
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--ratio", type=float, default=0.01)
@@ -171,22 +196,37 @@ def main() -> int:
     first = next(iter(rows.values()))
     print(f"## Top-k collectives, bytes per rank per step as the kernel counts them ({started}, "
           f"{os.cpu_count()} CPU cores, load average {load:.1f} at start)\n")
-    print(f"digits MLP hidden {args.hidden}: n = {first['n']:,} parameters, top-{args.ratio:g} k = {first['k']:,}; "
+    model = f"digits MLP hidden {args.hidden}" if args.workload == "digits" else "GPT of examples/gpt-text.yaml"
+    print(f"{model}: n = {first['n']:,} parameters, top-{args.ratio:g} k = {first['k']:,}; "
           f"{args.steps} steps, {args.repeats} repeats (median, [min-max]); barriers-only loop subtracted.\n")
+    per = {world: {name: median_range([(b - a) / world / r["steps"] for a, b in
+                                 zip(r["kernel"]["barriers"], r["kernel"][name], strict=True)])
+                   for name in ("dense", "allgather", "sparse", "cyclic")} for world, r in rows.items()}
+
+    def cell(world: int, name: str) -> str:
+        m, lo, hi = per[world][name]
+        return f"{m:,.0f} [{lo:,.0f}-{hi:,.0f}] ({rows[world]['cohort'][name]:,.0f})"
+
+    first_p = next(iter(rows))
     print("| P | dense allreduce: kernel (Cohort) | allgather: kernel (Cohort) | sparse: kernel (Cohort) "
-          "| sparse / allgather | sparse / its P=2 | union / Pk | sparse, busiest rank (Cohort) |")
+          "| sparse / allgather | sparse / its P=2 | union / Pk: mean [min-max] over steps, last 5 steps "
+          "| sparse, busiest rank (Cohort) |")
     print("|---|---|---|---|---|---|---|---|")
-    base = None
     for world, r in rows.items():
-        per = {}
-        for name in ("dense", "allgather", "sparse"):
-            net = [(b - a) / world / r["steps"] for a, b in zip(r["kernel"]["barriers"], r["kernel"][name], strict=True)]
-            per[name] = (statistics.median(net), min(net), max(net))
-        base = base or per["sparse"][0]
-        cell = {name: f"{m:,.0f} [{lo:,.0f}-{hi:,.0f}] ({r['cohort'][name]:,.0f})" for name, (m, lo, hi) in per.items()}
-        print(f"| {world} | {cell['dense']} | {cell['allgather']} | {cell['sparse']} | "
-              f"{per['sparse'][0] / per['allgather'][0]:.2f}x | {per['sparse'][0] / base:.2f}x | {r['union']:.2f} | "
+        u = r["union"]
+        print(f"| {world} | {cell(world, 'dense')} | {cell(world, 'allgather')} | {cell(world, 'sparse')} | "
+              f"{per[world]['sparse'][0] / per[world]['allgather'][0]:.2f}x | "
+              f"{per[world]['sparse'][0] / per[first_p]['sparse'][0]:.2f}x | "
+              f"{statistics.mean(u):.2f} [{min(u):.2f}-{max(u):.2f}], {statistics.mean(u[-5:]):.2f} | "
               f"{r['cohort']['sparse_max']:,.0f} |")
+    print("\nThe cyclic collective (CLT-k: the cycling leader's top-k indices broadcast, the values allreduced) "
+          "on the same steps; its bytes do not depend on the ranks' overlap.\n")
+    print("| P | cyclic: kernel (Cohort) | cyclic / allgather | cyclic / sparse | cyclic / its P=2 |")
+    print("|---|---|---|---|---|")
+    for world in rows:
+        c = per[world]["cyclic"][0]
+        print(f"| {world} | {cell(world, 'cyclic')} | {c / per[world]['allgather'][0]:.2f}x | "
+              f"{c / per[world]['sparse'][0]:.2f}x | {c / per[first_p]['cyclic'][0]:.2f}x |")
     return 0
 
 

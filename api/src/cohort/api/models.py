@@ -218,7 +218,8 @@ class Compression:
         "sparse: a sparse reduce-scatter then an allgather of the summed ranges (SparCML), whose bytes stay "
         "flat in P as far as the ranks' top-k overlap, and never exceed a dense allreduce's; or cyclic: one "
         "rank's top-k indices, the rank cycling from step to step, used by every rank (ScaleCom's CLT-k), a "
-        "broadcast of k indices and an allreduce of k values, flat in P whatever the overlap.")
+        "broadcast of k indices and an allreduce of k values, flat in P whatever the overlap, but each rank "
+        "sends the leader's largest entries, not its own (a worse loss on the GPT, docs/benchmarks.md).")
     per_tensor: bool = field(False, doc="topk and dgc: keep ratio of every gradient tensor's entries rather than of the "
                              "whole DDP bucket (or gossip vector), so a small layer that shares a bucket with a "
                              "large one keeps its share.")

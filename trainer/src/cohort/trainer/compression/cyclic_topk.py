@@ -1,7 +1,6 @@
 """``compression.collective: cyclic``: one rank's top-k indices, in turn, used by every rank.
 
-ScaleCom's cyclic local top-k, CLT-k (Chen, Ni, Lu, Cui, Chen, Sun, Wang,
-Venkataramani, Srinivasan, Zhang & Gopalakrishnan, "ScaleCom: Scalable
+ScaleCom's cyclic local top-k, CLT-k (Chen et al., "ScaleCom: Scalable
 Sparsified Gradient Compression for Communication-Efficient Distributed
 Training", NeurIPS 2020). With error feedback, the ranks' own top-k selections
 barely overlap (docs/benchmarks.md measures it), so any sum of them, allgathered
