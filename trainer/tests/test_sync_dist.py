@@ -278,41 +278,43 @@ MEMORY_METHODS = ["dgc", "signum", "threshold", "onebit", "topk"]
 PARAM_SIZES = [p.numel() for p in MLP(INFO).parameters()]
 
 
-def _memories(rank: int, world: int) -> dict:
-    """4 steps through DDP with fixed parameters (no optimizer), so each step's gradients are known;
-    every rank gathers every rank's own gradients, and records the order of the parameters in
-    the (single) bucket at each step."""
-    import cohort.trainer.compression.base as base
-    out, real_hook = {}, base.compressed_allgather_hook
-    for method in MEMORY_METHODS:
-        spec = job_spec(method=method)
-        ctx = SyncContext(rank, world, spec, CommStats())
-        torch.manual_seed(0)
-        model, reference = MLP(INFO), MLP(INFO)
-        reference.load_state_dict(model.state_dict())
-        position = {p.data_ptr(): i for i, p in enumerate(model.parameters())}
-        orders: list[list[int]] = []
+def _spied_steps(ctx: SyncContext, module, hook_name: str, rank: int, world: int, steps: int = 4) -> dict:
+    """``steps`` steps through DDP with fixed parameters (no optimizer), so each step's gradients are
+    known: the hook's results, every rank's own gradients (gathered on every rank), and the order of
+    the parameters in the (single) bucket at each step, recorded by a spy around ``module.hook_name``."""
+    torch.manual_seed(0)
+    model, reference = MLP(INFO), MLP(INFO)
+    reference.load_state_dict(model.state_dict())
+    position = {p.data_ptr(): i for i, p in enumerate(model.parameters())}
+    orders: list[list[int]] = []
+    real_hook = getattr(module, hook_name)
 
-        def spy(state, bucket, orders=orders, position=position):
-            orders.append([position[p.data_ptr()] for p in bucket.parameters()])
-            return real_hook(state, bucket)
-        base.compressed_allgather_hook = spy
-        try:
-            sync = AllreduceSync(ctx)
-            ddp = sync.wrap(model)
-            hooks, locals_ = [], []
-            for step in range(4):
-                ddp.zero_grad()
-                reference.zero_grad()
-                x, y = batch(rank, step)
-                F.cross_entropy(ddp(x), y).backward()
-                F.cross_entropy(reference(x), y).backward()
-                hooks.append(flat_grad(model))
-                locals_.append(gather(flat_grad(reference), world))
-        finally:
-            base.compressed_allgather_hook = real_hook
-        out[method] = {"hook": hooks, "all_local": locals_, "orders": orders}
-    return out
+    def spy(state, bucket):
+        orders.append([position[p.data_ptr()] for p in bucket.parameters()])
+        return real_hook(state, bucket)
+    setattr(module, hook_name, spy)
+    try:
+        ddp = AllreduceSync(ctx).wrap(model)
+        hooks, locals_ = [], []
+        for step in range(steps):
+            ddp.zero_grad()
+            reference.zero_grad()
+            x, y = batch(rank, step)
+            F.cross_entropy(ddp(x), y).backward()
+            F.cross_entropy(reference(x), y).backward()
+            hooks.append(flat_grad(model))
+            locals_.append(gather(flat_grad(reference), world))
+    finally:
+        setattr(module, hook_name, real_hook)
+    return {"hook": hooks, "all_local": locals_, "orders": orders}
+
+
+def _memories(rank: int, world: int) -> dict:
+    """4 steps of each memory method (see :func:`_spied_steps`)."""
+    import cohort.trainer.compression.base as base
+    return {method: _spied_steps(SyncContext(rank, world, job_spec(method=method), CommStats()),
+                                 base, "compressed_allgather_hook", rank, world)
+            for method in MEMORY_METHODS}
 
 
 def to_bucket(v: torch.Tensor, order: list[int]) -> torch.Tensor:
@@ -372,35 +374,10 @@ def test_ddp_hook_carries_each_methods_memory_across_steps_and_resets_it_when_dd
 
 
 def _cyclic(rank: int, world: int) -> dict:
-    """4 steps of compression.collective cyclic through DDP (no optimizer, so each step's gradients are
-    known); every rank gathers every rank's own gradients and records the bucket's order at each step."""
+    """4 steps of compression.collective cyclic (see :func:`_spied_steps`), and the bytes it counted."""
     import cohort.trainer.compression.cyclic_topk as cyclic
     ctx = SyncContext(rank, world, job_spec(method="topk", collective="cyclic"), CommStats())
-    torch.manual_seed(0)
-    model, reference = MLP(INFO), MLP(INFO)
-    reference.load_state_dict(model.state_dict())
-    position = {p.data_ptr(): i for i, p in enumerate(model.parameters())}
-    orders: list[list[int]] = []
-    real_hook = cyclic.cyclic_topk_hook
-
-    def spy(state, bucket):
-        orders.append([position[p.data_ptr()] for p in bucket.parameters()])
-        return real_hook(state, bucket)
-    cyclic.cyclic_topk_hook = spy
-    try:
-        ddp = AllreduceSync(ctx).wrap(model)
-        hooks, locals_ = [], []
-        for step in range(4):
-            ddp.zero_grad()
-            reference.zero_grad()
-            x, y = batch(rank, step)
-            F.cross_entropy(ddp(x), y).backward()
-            F.cross_entropy(reference(x), y).backward()
-            hooks.append(flat_grad(model))
-            locals_.append(gather(flat_grad(reference), world))
-    finally:
-        cyclic.cyclic_topk_hook = real_hook
-    return {"hook": hooks, "all_local": locals_, "orders": orders, "bytes": ctx.stats.bytes_sent}
+    return {**_spied_steps(ctx, cyclic, "cyclic_topk_hook", rank, world), "bytes": ctx.stats.bytes_sent}
 
 
 def replay_cyclic(result: dict, leaders: list[int], memory: bool = True) -> list[torch.Tensor]:

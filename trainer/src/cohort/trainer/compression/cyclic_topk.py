@@ -34,8 +34,9 @@ import torch
 import torch.distributed as dist
 
 from ..sync.base import SyncContext, ring_allreduce_bytes
-from .error_feedback import BucketLayouts, ErrorFeedback
+from .error_feedback import ErrorFeedback
 from .hooks import Hook
+from .topk_buckets import TopKBuckets
 
 
 def leader(step: int, bucket_index: int, world: int) -> int:
@@ -53,12 +54,11 @@ def cyclic_wire_bytes(k: int, world: int) -> int:
     return broadcast_share_bytes(4 * k, world) + ring_allreduce_bytes(4 * k, world)
 
 
-class CyclicTopKState:
-    """Hook state: the top-k compressor, its error feedback, and how often each bucket has been reduced."""
+class CyclicTopKState(TopKBuckets):
+    """Hook state: :class:`TopKBuckets`, and how often each bucket has been reduced."""
 
     def __init__(self, ctx: SyncContext, compressor: Any, error_feedback: ErrorFeedback | None):
-        self.ctx, self.compressor, self.error_feedback = ctx, compressor, error_feedback
-        self.layouts = BucketLayouts()
+        super().__init__(ctx, compressor, error_feedback)
         self.steps: dict[int, int] = {}  # bucket index -> calls so far; every rank calls in the same order
 
     def next_step(self, bucket_index: int) -> int:
@@ -77,16 +77,12 @@ def leaders_indices(x: torch.Tensor, select: Callable[[torch.Tensor], torch.Tens
 
 def cyclic_topk_hook(state: CyclicTopKState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The leader's top-k indices, broadcast; every rank's values there, summed; averaged."""
-    ctx, ef = state.ctx, state.error_feedback
-    grad, key, world = bucket.buffer(), bucket.index(), ctx.world_size
-    state.layouts.check(bucket, ef)
-    comp = state.compressor.layout([g.numel() for g in bucket.gradients()])
-    x = ef.compensate(key, grad) if ef is not None else grad
+    ctx, grad, key, world = state.ctx, bucket.buffer(), bucket.index(), state.ctx.world_size
+    x, comp = state.open(bucket)
     k = comp.count(grad.numel())
     chosen = leaders_indices(x, comp.select, k, leader(state.next_step(key), key, world), ctx.rank, ctx.group)
     values = x[chosen]
-    if ef is not None:
-        ef.update(key, x, torch.zeros_like(x).index_put_((chosen,), values))
+    state.keep_unsent(bucket, x, chosen, values)
     dist.all_reduce(values, group=ctx.group)
     ctx.stats.record(cyclic_wire_bytes(k, world), 8 * k, 4 * grad.numel())
     grad.zero_().index_put_((chosen,), values.div_(world))

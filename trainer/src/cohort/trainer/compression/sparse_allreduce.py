@@ -34,8 +34,9 @@ import torch
 import torch.distributed as dist
 
 from ..sync.base import SyncContext, allgather_bytes
-from .error_feedback import BucketLayouts, ErrorFeedback
+from .error_feedback import ErrorFeedback
 from .hooks import Hook
+from .topk_buckets import TopKBuckets
 
 
 def owned(numel: int, world: int, rank: int) -> int:
@@ -111,25 +112,13 @@ def sparse_allreduce(indices: torch.Tensor, values: torch.Tensor, numel: int, ra
     return Exchanged(total, wire, sum(dense_flags))
 
 
-class SparseAllreduceState:
-    """Hook state: the top-k compressor, its error feedback and the context."""
-
-    def __init__(self, ctx: SyncContext, compressor: Any, error_feedback: ErrorFeedback | None):
-        self.ctx, self.compressor, self.error_feedback = ctx, compressor, error_feedback
-        self.layouts = BucketLayouts()
-
-
-def sparse_allreduce_hook(state: SparseAllreduceState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def sparse_allreduce_hook(state: TopKBuckets, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Top-k of the (error-compensated) bucket, summed by :func:`sparse_allreduce`, averaged."""
-    ctx, ef = state.ctx, state.error_feedback
-    grad, key, world = bucket.buffer(), bucket.index(), ctx.world_size
-    state.layouts.check(bucket, ef)
-    comp = state.compressor.layout([g.numel() for g in bucket.gradients()])
-    x = ef.compensate(key, grad) if ef is not None else grad
+    ctx, grad, world = state.ctx, bucket.buffer(), state.ctx.world_size
+    x, comp = state.open(bucket)
     idx = comp.select(x)
     values = x[idx]
-    if ef is not None:
-        ef.update(key, x, torch.zeros_like(x).index_put_((idx,), values))
+    state.keep_unsent(bucket, x, idx, values)
     done = sparse_allreduce(idx, values, grad.numel(), ctx.rank, world, ctx.group)
     ctx.stats.record(done.wire_bytes, 8 * idx.numel(), 4 * grad.numel())
     grad.copy_(done.total.div_(world))
@@ -139,4 +128,4 @@ def sparse_allreduce_hook(state: SparseAllreduceState, bucket: dist.GradBucket) 
 
 
 def sparse_hook(ctx: SyncContext, compressor: Any, error_feedback: ErrorFeedback | None) -> tuple[Any, Hook]:
-    return SparseAllreduceState(ctx, compressor, error_feedback), sparse_allreduce_hook
+    return TopKBuckets(ctx, compressor, error_feedback), sparse_allreduce_hook
