@@ -36,6 +36,7 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("sparse-with-gossip", {"sync": {"algorithm": "gossip"}, "compression": {"method": "topk", "collective": "sparse"}},
      "spec.compression.collective"),
     ("cyclic-with-randomk", {"compression": {"method": "randomk", "collective": "cyclic"}}, "spec.compression.collective"),
+    ("global-with-qsgd", {"compression": {"method": "qsgd", "collective": "global"}}, "spec.compression.collective"),
     ("cyclic-with-gossip", {"sync": {"algorithm": "gossip"}, "compression": {"method": "topk", "collective": "cyclic"}},
      "spec.compression.collective"),
     ("unknown-collective", {"compression": {"method": "topk", "collective": "ring"}}, "spec.compression.collective"),

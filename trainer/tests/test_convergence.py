@@ -72,8 +72,9 @@ def test_pair_reaches_target_accuracy(sync, method, tmp_path):
 
 
 # compression.collective cyclic changes what top-k sends (the cycling leader's indices, every rank's values
-# there), so it needs its own run; sparse sums the same entries as the allgather (test_sync_dist.py).
-@pytest.mark.parametrize("collective", ["cyclic"])
+# there), and global keeps only the top-k of the sum, so each needs its own run; sparse sums the same
+# entries as the allgather (test_sync_dist.py).
+@pytest.mark.parametrize("collective", ["cyclic", "global"])
 def test_topk_collective_reaches_target_accuracy(collective, tmp_path):
     m = manifest("allreduce", "topk")
     m["spec"]["compression"]["collective"] = collective

@@ -421,6 +421,69 @@ def test_cyclic_collective_sends_the_cycling_leaders_top_k_with_every_ranks_valu
     assert result["bytes"] / 4 < allgather_bytes(8 * k, 4) / 2  # 1.5/P of the allgather's, per step
 
 
+def _global(rank: int, world: int) -> dict:
+    """4 steps of compression.collective global (see :func:`_spied_steps`), and the bytes it counted."""
+    import cohort.trainer.compression.global_topk as global_topk
+    ctx = SyncContext(rank, world, job_spec(method="topk", collective="global"), CommStats())
+    return {**_spied_steps(ctx, global_topk, "global_topk_hook", rank, world), "bytes": ctx.stats.bytes_sent}
+
+
+def replay_global(result: dict, reselect: bool = True, memory: bool = True) -> tuple[list[torch.Tensor], list[int]]:
+    """Global top-k written from its definition (gTop-k, split as Ok-Topk): each rank takes the top-k of
+    its error-compensated gradient; index i's sum belongs to rank i mod 4, which keeps the ceil(k/4)
+    largest sums it owns; the update is those sums over 4; each rank's residual is its compensated vector
+    off its own top-k entries that were kept. Also each rank's bytes over the steps: per step, 8 per
+    other rank (phase 1's counts), 8 per pair it sent to another owner, and 8 ceil(k/4) to each of 3."""
+    world, k = 4, kept(N_PARAMS, 0.01)
+    m = -(-k // world)
+    residual, previous, out, sent_bytes = [torch.zeros(N_PARAMS) for _ in range(world)], None, [], [0] * world
+    for step, order in enumerate(result["orders"]):
+        if previous is not None and order != previous:  # DDP rebuilt the bucket: the residuals restart
+            residual = [torch.zeros(N_PARAMS) for _ in range(world)]
+        previous = order
+        x = [to_bucket(result["all_local"][step][r], order) + (residual[r] if memory else 0) for r in range(world)]
+        picks = [torch.topk(v.abs(), k).indices for v in x]
+        summed = torch.zeros(N_PARAMS)
+        for v, pick in zip(x, picks, strict=True):
+            summed[pick] += v[pick]
+        owner = torch.arange(N_PARAMS) % world
+        if reselect:
+            kept_idx = torch.cat([torch.nonzero(owner == j).flatten()[
+                torch.topk(summed[owner == j].abs(), m).indices] for j in range(world)])
+        else:
+            kept_idx = torch.cat(picks).unique()
+        update = torch.zeros(N_PARAMS)
+        update[kept_idx] = summed[kept_idx] / world
+        for r in range(world):
+            residual[r] = x[r].clone()
+            residual[r][picks[r][torch.isin(picks[r], kept_idx)]] = 0
+            sent_bytes[r] += 8 * (world - 1) + 8 * int((picks[r] % world != r).sum()) + 8 * m * (world - 1)
+        out.append(from_bucket(update, order))
+    return out, sent_bytes
+
+
+def test_global_collective_keeps_the_top_k_of_the_sum_and_its_bytes_stay_flat():
+    """compression.collective global on 4 ranks, 4 steps through DDP: every rank's gradient equals an
+    independent replay of global top-k (each owner's ceil(k/4) largest sums of the ranks' top-k), error
+    feedback included (what a rank picked that was not kept waits in its residual) and restarted when
+    DDP reorders the bucket. Controls: no reselection (the whole sum, as collective: sparse), and no error
+    feedback, both differ. Bytes: each rank's count equals the replay's, and per step it is near half the
+    allgather's (2/P, plus phase 1's counts)."""
+    results = run_ranks(_global, 4)
+    result, k = results[0], kept(N_PARAMS, 0.01)
+    assert len(result["orders"]) == 4 and result["orders"][1] != result["orders"][0], result["orders"]
+    expected, sent_bytes = replay_global(result)
+    for step in range(4):
+        assert int((expected[step] != 0).sum()) == 4 * -(-k // 4)
+        for r in results:
+            torch.testing.assert_close(r["hook"][step], expected[step], atol=1e-6, rtol=0)
+            assert torch.equal(r["hook"][step], results[0]["hook"][step])
+    for control in (replay_global(result, reselect=False)[0], replay_global(result, memory=False)[0]):
+        assert any(not torch.allclose(a, b, atol=1e-6, rtol=0) for a, b in zip(control, expected, strict=True))
+    assert [r["bytes"] for r in results] == sent_bytes
+    assert max(sent_bytes) / 4 < 0.6 * allgather_bytes(8 * k, 4)  # about 2/P of it: 16k (P-1)/P
+
+
 def test_sparse_wire_advantage_shrinks_as_the_world_grows():
     """An allgather's cost grows with P, a ring allreduce's does not: the tables must show this."""
     n, k_bytes = N_PARAMS, 8 * 97  # top-1% of the MLP

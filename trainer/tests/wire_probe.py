@@ -34,7 +34,8 @@ WORLD, WARM, MEASURED, HIDDEN = 4, 4, 6, 1024
 # The pairs whose collectives all go through torch.distributed's Python functions (so they can be
 # counted here): dense allreduce runs in DDP's C++ reducer (see the test).
 PAIRS = [("allreduce", "fp16", "-"), ("allreduce", "powersgd", "-"), ("allreduce", "topk", "allgather"),
-         ("allreduce", "topk", "sparse"), ("allreduce", "topk", "cyclic"), ("allreduce", "qsgd", "-"), ("allreduce", "terngrad", "-"),
+         ("allreduce", "topk", "sparse"), ("allreduce", "topk", "cyclic"), ("allreduce", "topk", "global"),
+         ("allreduce", "qsgd", "-"), ("allreduce", "terngrad", "-"),
          ("allreduce", "signsgd", "-"), ("allreduce", "dgc", "-"), ("allreduce", "threshold", "-"),
          ("allreduce", "natural", "-"), ("allreduce", "onebit", "-"), ("allreduce", "signum", "-"),
          ("localsgd", "none", "-"), ("localsgd", "fp16", "-"), ("gossip", "none", "-"), ("gossip", "qsgd", "-")]

@@ -36,7 +36,7 @@ Topology = Literal["ring", "exponential", "random"]
 CompressionMethod = Literal[
     "none", "fp16", "bf16", "powersgd", "topk", "randomk", "qsgd", "terngrad", "signsgd",
     "dgc", "threshold", "natural", "onebit", "signum"]
-CompressionCollective = Literal["allgather", "sparse", "cyclic"]
+CompressionCollective = Literal["allgather", "sparse", "cyclic", "global"]
 OptimizerName = Literal["sgd", "adamw"]
 StragglerPolicy = Literal["replace", "ignore"]
 SuccessPolicy = Literal["rank0", "all"]
@@ -219,7 +219,10 @@ class Compression:
         "flat in P as far as the ranks' top-k overlap, and never exceed a dense allreduce's; or cyclic: one "
         "rank's top-k indices, the rank cycling from step to step, used by every rank (ScaleCom's CLT-k), a "
         "broadcast of k indices and an allreduce of k values, flat in P whatever the overlap, but each rank "
-        "sends the leader's largest entries, not its own (a worse loss on the GPT, docs/benchmarks.md).")
+        "sends the leader's largest entries, not its own (a worse loss on the GPT, docs/benchmarks.md); or "
+        "global: the sparse reduce-scatter, then each rank keeps the k/P largest entries of its share of the "
+        "sum and they are allgathered (global top-k, as Ok-Topk), flat in P whatever the overlap; what a "
+        "rank picked that the sum did not keep waits in its residual.")
     per_tensor: bool = field(False, doc="topk and dgc: keep ratio of every gradient tensor's entries rather than of the "
                              "whole DDP bucket (or gossip vector), so a small layer that shares a bucket with a "
                              "large one keeps its share.")
@@ -401,7 +404,7 @@ class TrainingJobSpec:
              field_path=".workload.optimizer.momentum"),
         Rule(cel="self.compression.collective == 'allgather' || "
                  "(self.compression.method == 'topk' && self.sync.algorithm == 'allreduce')",
-             message="spec.compression.collective sparse or cyclic needs spec.compression.method topk and "
+             message="spec.compression.collective sparse, cyclic or global needs spec.compression.method topk and "
                      "spec.sync.algorithm allreduce",
              check=lambda s: s.compression.collective == "allgather" or (
                  s.compression.method == "topk" and s.sync.algorithm == "allreduce"),

@@ -67,9 +67,16 @@ class Exchanged:
     dense_shares: int  # shares that travelled dense in phase 2 (over all ranks)
 
 
-def sparse_allreduce(indices: torch.Tensor, values: torch.Tensor, numel: int, rank: int, world: int,
-                     group: dist.ProcessGroup | None = None) -> Exchanged:
-    """The sum over ranks of each rank's sparse vector (``indices`` unique), densely, on every rank."""
+@dataclass
+class Share:
+    """This rank's share of the sum after phase 1, and the bytes phase 1 sent."""
+    summed: torch.Tensor  # entry j is index j * world + rank of the whole vector
+    wire_bytes: int
+
+
+def sparse_reduce_scatter(indices: torch.Tensor, values: torch.Tensor, numel: int, rank: int, world: int,
+                          group: dist.ProcessGroup | None = None) -> Share:
+    """Phase 1: the sum over ranks of the entries of each rank's sparse vector that this rank owns."""
     owner = indices % world
     order = torch.argsort(owner, stable=True)
     indices, values = indices[order], values[order]
@@ -83,7 +90,15 @@ def sparse_allreduce(indices: torch.Tensor, values: torch.Tensor, numel: int, ra
     mine = torch.zeros(owned(numel, world, rank))
     got_idx, got_val = unpack_pairs(received)
     mine.index_add_(0, got_idx // world, got_val)  # in source-rank order: only this rank sums its share
+    words_out = sum(send_counts) - send_counts[rank]
+    return Share(mine, 8 * (world - 1) + 4 * words_out)
 
+
+def sparse_allreduce(indices: torch.Tensor, values: torch.Tensor, numel: int, rank: int, world: int,
+                     group: dist.ProcessGroup | None = None) -> Exchanged:
+    """The sum over ranks of each rank's sparse vector (``indices`` unique), densely, on every rank."""
+    share = sparse_reduce_scatter(indices, values, numel, rank, world, group)
+    mine = share.summed
     nonzero = mine.nonzero().flatten()
     dense = 4 * mine.numel() <= 8 * nonzero.numel()
     block = mine.view(torch.int32) if dense else pack_pairs(nonzero, mine[nonzero])
@@ -107,8 +122,7 @@ def sparse_allreduce(indices: torch.Tensor, values: torch.Tensor, numel: int, ra
         else:
             idx, val = unpack_pairs(part)
             total[idx * world + j] = val
-    words_out = sum(send_counts) - send_counts[rank]
-    wire = 8 * (world - 1) + 4 * words_out + allgather_bytes(16, world) + 4 * block.numel() * (world - 1)
+    wire = share.wire_bytes + allgather_bytes(16, world) + 4 * block.numel() * (world - 1)
     return Exchanged(total, wire, sum(dense_flags))
 
 

@@ -36,6 +36,7 @@ from ..sync.base import SyncContext
 from .base import Compressor, generator, kept
 from .cyclic_topk import cyclic_hook
 from .error_feedback import ErrorFeedback
+from .global_topk import global_hook
 from .hooks import Hook
 from .packing import Reader, pack_floats, pack_sparse, unpack_floats, unpack_sparse
 from .sparse_allreduce import sparse_hook
@@ -50,8 +51,8 @@ class TopKConfig:
     segments: tuple[int, ...] = ()
     """The tensors' sizes, in vector order (set by ``layout``; empty: the vector is one segment)."""
     collective: str = "allgather"
-    """How DDP's buckets travel (compression.collective): allgather of payloads, sparse allreduce, or the
-    cyclic leader's indices with an allreduce of the values."""
+    """How DDP's buckets travel (compression.collective): allgather of payloads, sparse allreduce, the
+    cyclic leader's indices with an allreduce of the values, or the global top-k of the sum."""
 
 
 class TopK(Compressor):
@@ -62,7 +63,7 @@ class TopK(Compressor):
     def ddp_hook(self, ctx: SyncContext) -> tuple[Any, Hook] | None:
         if self.config.collective == "allgather":
             return super().ddp_hook(ctx)
-        hook = sparse_hook if self.config.collective == "sparse" else cyclic_hook
+        hook = {"sparse": sparse_hook, "cyclic": cyclic_hook, "global": global_hook}[self.config.collective]
         return hook(ctx, self, ErrorFeedback() if ctx.spec.compression.error_feedback else None)
 
     def layout(self, sizes: Sequence[int]) -> TopK:

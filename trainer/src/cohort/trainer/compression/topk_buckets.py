@@ -1,7 +1,7 @@
 """What the top-k collectives' DDP hooks share: a bucket's compensated input and its error feedback.
 
-Both ``compression.collective: sparse`` (sparse_allreduce.py) and ``cyclic``
-(cyclic_topk.py) open a bucket the same way (reset its memory if DDP changed
+``compression.collective: sparse`` (sparse_allreduce.py), ``cyclic``
+(cyclic_topk.py) and ``global`` (global_topk.py) open a bucket the same way (reset its memory if DDP changed
 what it holds, lay the compressor out over its tensors, add the residual) and
 close it the same way (keep, as the next residual, what was not sent). Only
 the choice of indices and the collective between them differ.
