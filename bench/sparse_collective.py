@@ -1,4 +1,4 @@
-"""Top-k's three collectives, and a dense allreduce, counted by the kernel (a benchmark, needs root).
+"""Top-k's four collectives, and a dense allreduce, counted by the kernel (a benchmark, needs root).
 
     sudo python bench/sparse_collective.py [--workload digits|gpt] [--worlds 2,4,8] [--hidden 2048]
                                            [--ratio 0.01] [--steps 20]
@@ -12,11 +12,14 @@ gradient. The workload is an example's model, data, batch size and optimizer
 (at its base lr, no warmup): ``digits`` is examples/digits.yaml with the MLP
 ``--hidden`` wide, ``gpt`` is examples/gpt-text.yaml (a 4-layer GPT on the
 standard library's source). Then, between barriers, they replay those steps' traffic
-four ways: a dense ring allreduce of the gradient, an allgather of the top-k
+five ways: a dense ring allreduce of the gradient, an allgather of the top-k
 payloads (Cohort's ``collective: allgather``), the sparse allreduce
-(``collective: sparse``) and CLT-k (``collective: cyclic``: the cycling
+(``collective: sparse``), CLT-k (``collective: cyclic``: the cycling
 leader's top-k indices broadcast, the k values allreduced; its bytes do not
-depend on the values); and a loop of barriers alone, subtracted from each.
+depend on the values) and global top-k (``collective: global``: the sparse
+reduce-scatter, then each rank's ceil(k/P) largest sums allgathered; its
+phase 1 depends on how the selections spread over the ranks' shares, not on
+their overlap); and a loop of barriers alone, subtracted from each.
 Each replay runs ``--repeats`` times: the table gives the median and the range.
 
 Per rank and step = the namespace's tx bytes / P / steps (the mean over
@@ -56,6 +59,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str)
     from cohort.trainer.compression.base import kept
     from cohort.trainer.compression.cyclic_topk import cyclic_wire_bytes, leaders_indices
     from cohort.trainer.compression.error_feedback import ErrorFeedback
+    from cohort.trainer.compression.global_topk import global_topk_allreduce
     from cohort.trainer.compression.sparse_allreduce import sparse_allreduce
     from cohort.trainer.compression.sparsify import TopK, TopKConfig
     from cohort.trainer.runtime.process_group import exit_process
@@ -119,10 +123,17 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str)
             chosen = leaders_indices(grad, topk.select, k, step % world, rank)
             dist.all_reduce(grad[chosen])
 
+    cohort_global: list[int] = []
+
+    def global_topk() -> None:
+        for sel, vals, _ in steps:
+            cohort_global.append(global_topk_allreduce(sel, vals, n, k, rank, world).wire_bytes)
+
     def barriers() -> None:
         pass
 
-    loops = {"barriers": barriers, "dense": dense, "allgather": allgather, "sparse": sparse, "cyclic": cyclic}
+    loops = {"barriers": barriers, "dense": dense, "allgather": allgather, "sparse": sparse, "cyclic": cyclic,
+             "global": global_topk}
     kernel: dict[str, list[float]] = {name: [] for name in loops}
     for _ in range(args.repeats):
         for name, loop in loops.items():
@@ -133,10 +144,12 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str)
             kernel[name].append(lo_tx_bytes() - before)
     counted = torch.empty(world, dtype=torch.float64)  # every rank's own count: the shares differ
     dist.all_gather_into_tensor(counted, torch.tensor([statistics.mean(cohort_sparse)], dtype=torch.float64))
+    counted_global = torch.empty(world, dtype=torch.float64)
+    dist.all_gather_into_tensor(counted_global, torch.tensor([statistics.mean(cohort_global)], dtype=torch.float64))
     if rank == 0:
         cohort = {"dense": ring_allreduce_bytes(4 * n, world), "allgather": allgather_bytes(8 * k, world),
                   "sparse": float(counted.mean()), "sparse_max": float(counted.max()),
-                  "cyclic": cyclic_wire_bytes(k, world)}
+                  "cyclic": cyclic_wire_bytes(k, world), "global": float(counted_global.mean())}
         Path(out).write_text(json.dumps({"n": n, "k": k, "kernel": kernel, "cohort": cohort,
                                          "union": unions, "steps": args.steps}))
     dist.destroy_process_group()
@@ -201,7 +214,7 @@ def main() -> int:
           f"{args.steps} steps, {args.repeats} repeats (median, [min-max]); barriers-only loop subtracted.\n")
     per = {world: {name: median_range([(b - a) / world / r["steps"] for a, b in
                                  zip(r["kernel"]["barriers"], r["kernel"][name], strict=True)])
-                   for name in ("dense", "allgather", "sparse", "cyclic")} for world, r in rows.items()}
+                   for name in ("dense", "allgather", "sparse", "cyclic", "global")} for world, r in rows.items()}
 
     def cell(world: int, name: str) -> str:
         m, lo, hi = per[world][name]
@@ -227,6 +240,14 @@ def main() -> int:
         c = per[world]["cyclic"][0]
         print(f"| {world} | {cell(world, 'cyclic')} | {c / per[world]['allgather'][0]:.2f}x | "
               f"{c / per[world]['sparse'][0]:.2f}x | {c / per[first_p]['cyclic'][0]:.2f}x |")
+    print("\nThe global collective (the sparse reduce-scatter, then each rank's ceil(k/P) largest sums "
+          "allgathered) on the same steps.\n")
+    print("| P | global: kernel (Cohort) | global / allgather | global / dense | global / its P=2 |")
+    print("|---|---|---|---|---|")
+    for world in rows:
+        c = per[world]["global"][0]
+        print(f"| {world} | {cell(world, 'global')} | {c / per[world]['allgather'][0]:.2f}x | "
+              f"{c / per[world]['dense'][0]:.3f}x | {c / per[first_p]['global'][0]:.2f}x |")
     return 0
 
 
