@@ -12,19 +12,11 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from tests.support.kube import wait_for
+from tests.support.paths import kubectl_bin, pinned
 from tests.support.specs import with_workload
 
 pytestmark = pytest.mark.k8s
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _versions() -> dict[str, str]:
-    out = {}
-    for line in (REPO / "hack/versions.env").read_text().splitlines():
-        if "=" in line and not line.startswith("#"):
-            k, v = line.split("=", 1)
-            out[k] = v
-    return out
 
 
 def test_pod_is_scheduled_to_a_kwok_node_and_runs(cluster, namespace):
@@ -85,13 +77,11 @@ def test_trainingjob_crd_is_served_with_defaults(cluster, namespace):
 
 
 def test_server_reports_the_pinned_version(cluster):
-    kubectl = Path(os.environ.get("COHORT_CACHE", Path.home() / ".cache/cohort")) / "bin" / \
-        f"kubernetes-{_versions()['K8S_VERSION']}" / "kubectl"
-    out = subprocess.run([str(kubectl), "version", "-o", "json"], capture_output=True, text=True, check=True,
+    out = subprocess.run([kubectl_bin(), "version", "-o", "json"], capture_output=True, text=True, check=True,
                          env={**os.environ, "KUBECONFIG": cluster.kubeconfig})
     version = json.loads(out.stdout)
-    assert version["serverVersion"]["gitVersion"] == _versions()["K8S_VERSION"]
-    assert version["clientVersion"]["gitVersion"] == _versions()["K8S_VERSION"]
+    assert version["serverVersion"]["gitVersion"] == pinned("K8S_VERSION")
+    assert version["clientVersion"]["gitVersion"] == pinned("K8S_VERSION")
 
 
 def _free_port() -> int:

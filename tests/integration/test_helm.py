@@ -25,6 +25,7 @@ from kubernetes.client.rest import ApiException
 from tests.support import helm
 from tests.support.kube import Cluster, wait_for
 from tests.support.operator import kubectl
+from tests.support.paths import kubectl_bin
 from tests.support.prometheus import exported_names
 from tests.support.realnodes import RESTRICTED, real_nodes  # noqa: F401  (a session fixture)
 
@@ -208,7 +209,7 @@ def test_templates_pass_server_side_dry_run(cluster, namespace, monitoring_crds,
         assert set(helm.MONITORING_KINDS) <= kinds
     if variant == "all-features":
         assert "NetworkPolicy" in kinds and "CustomResourceDefinition" not in kinds
-    proc = helm.run([helm.kubectl_bin(), "apply", "--dry-run=server", "-f", "-"], kubeconfig=cluster.kubeconfig,
+    proc = helm.run([kubectl_bin(), "apply", "--dry-run=server", "-f", "-"], kubeconfig=cluster.kubeconfig,
                     stdin=rendered, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("(server dry run)") == len([d for d in yaml.safe_load_all(rendered) if d])

@@ -11,7 +11,6 @@ anonymous callers and can only touch their own Node.
 from __future__ import annotations
 
 import json
-import os
 import ssl
 import urllib.error
 import urllib.request
@@ -23,12 +22,13 @@ from kubernetes.client.rest import ApiException
 
 from tests.support.kube import wait_for
 from tests.support.operator import kubectl
+from tests.support.paths import cluster_dir
 from tests.support.realnodes import pod, real_nodes, restrict, wait_pod, wait_running  # noqa: F401
 
 pytestmark = pytest.mark.k8s
 
 OPERATOR_IMAGE = "cohort-operator:0.1.0"
-CLUSTER_DIR = Path(os.environ.get("COHORT_CLUSTER_DIR", Path.home() / ".cache/cohort/cluster"))
+CLUSTER_DIR = cluster_dir()
 SLEEP = ["python", "-c", "import time; time.sleep(3600)"]
 
 

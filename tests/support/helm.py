@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from tests.support.kube import Cluster, wait_for
+from tests.support.paths import cache_dir, pinned
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "cohort"
@@ -27,26 +28,9 @@ MONITORING_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
 MONITORING_API_VERSIONS = tuple(f"monitoring.coreos.com/v1/{k}" for k in MONITORING_KINDS)
 
 
-def _pinned(name: str) -> str:
-    for line in (REPO / "hack/versions.env").read_text().splitlines():
-        if line.startswith(f"{name}="):
-            return line.split("=", 1)[1].strip()
-    raise AssertionError(f"{name} missing from hack/versions.env")
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("COHORT_CACHE", Path.home() / ".cache/cohort"))
-
-
 def helm_bin() -> str:
-    path = cache_dir() / "bin" / f"helm-{_pinned('HELM_VERSION')}" / "helm"
+    path = cache_dir() / "bin" / f"helm-{pinned('HELM_VERSION')}" / "helm"
     assert path.is_file(), f"helm not found at {path}: run hack/build-binaries.sh"
-    return str(path)
-
-
-def kubectl_bin() -> str:
-    path = cache_dir() / "bin" / f"kubernetes-{_pinned('K8S_VERSION')}" / "kubectl"
-    assert path.is_file(), f"kubectl not found at {path}: run hack/build-binaries.sh"
     return str(path)
 
 

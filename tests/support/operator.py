@@ -29,6 +29,7 @@ import pytest
 from kubernetes.client.rest import ApiException
 
 from tests.support.kube import Cluster, condition, wait_for
+from tests.support.paths import kubectl_bin
 from tests.support.specs import WORKLOAD
 
 REPO = Path(__file__).resolve().parents[2]
@@ -236,20 +237,11 @@ def gone(read, *args: Any) -> bool:
         return e.status == 404
 
 
-def _k8s_version() -> str:
-    for line in (REPO / "hack/versions.env").read_text().splitlines():
-        if line.startswith("K8S_VERSION="):
-            return line.split("=", 1)[1].strip()
-    raise AssertionError("K8S_VERSION missing from hack/versions.env")
-
-
 def kubectl(cluster: Cluster, *args: str, timeout_s: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run the pinned kubectl. A non-zero exit fails the test with kubectl's stderr,
     unless ``check=False`` (for a test that asserts on the failure itself)."""
-    cache = Path(os.environ.get("COHORT_CACHE", Path.home() / ".cache/cohort"))
-    exe = str(cache / "bin" / f"kubernetes-{_k8s_version()}" / "kubectl")
     env = {**os.environ, "KUBECONFIG": cluster.kubeconfig}
-    out = subprocess.run([exe, *args], capture_output=True, text=True, env=env, timeout=timeout_s)
+    out = subprocess.run([kubectl_bin(), *args], capture_output=True, text=True, env=env, timeout=timeout_s)
     if check and out.returncode != 0:
         raise AssertionError(f"kubectl {' '.join(args)} exited {out.returncode}: {out.stderr.strip()}")
     return out

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests.support.kube import Cluster
+from tests.support.paths import cache_dir
 from tests.support.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,7 +88,7 @@ def prometheus(cluster: Cluster) -> Prometheus:
 
 def promtool() -> str:
     """promtool, built with Prometheus by hack/build-binaries.sh."""
-    cache = Path(os.environ.get("COHORT_CACHE", Path.home() / ".cache/cohort"))
+    cache = cache_dir()
     found = sorted(cache.glob("bin/prometheus-*/promtool"))
     assert found, f"promtool not found under {cache}/bin: run hack/build-binaries.sh prometheus"
     return str(found[-1])

@@ -12,7 +12,6 @@ import contextlib
 import copy
 import importlib.util
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +19,11 @@ import yaml
 
 from tests.support.kube import Cluster, wait_for
 from tests.support.operator import TEST_INSTANCE
+from tests.support.paths import cluster_dir
 from tests.support.realnodes import restrict
 
 REPO = Path(__file__).resolve().parents[2]
-CLUSTER_DIR = Path(os.environ.get("COHORT_CLUSTER_DIR", Path.home() / ".cache/cohort/cluster"))
+CLUSTER_DIR = cluster_dir()
 LOG_DIR = CLUSTER_DIR / "logs/pods"
 _spec = importlib.util.spec_from_file_location("podlogs", REPO / "hack/podlogs.py")
 assert _spec and _spec.loader
