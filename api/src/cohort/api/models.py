@@ -222,7 +222,8 @@ class Compression:
         "sends the leader's largest entries, not its own (a worse loss on the GPT, docs/benchmarks.md); or "
         "global: the sparse reduce-scatter, then each rank keeps the k/P largest entries of its share of the "
         "sum and they are allgathered (global top-k, as Ok-Topk), flat in P whatever the overlap; what a "
-        "rank picked that the sum did not keep waits in its residual.")
+        "rank picked that the sum did not keep waits in its residual (a worse loss on the GPT than allgather "
+        "or cyclic, docs/benchmarks.md).")
     per_tensor: bool = field(False, doc="topk and dgc: keep ratio of every gradient tensor's entries rather than of the "
                              "whole DDP bucket (or gossip vector), so a small layer that shares a bucket with a "
                              "large one keeps its share.")
