@@ -232,22 +232,20 @@ def main() -> int:
               f"{per[world]['sparse'][0] / per[first_p]['sparse'][0]:.2f}x | "
               f"{statistics.mean(u):.2f} [{min(u):.2f}-{max(u):.2f}], {statistics.mean(u[-5:]):.2f} | "
               f"{r['cohort']['sparse_max']:,.0f} |")
-    print("\nThe cyclic collective (CLT-k: the cycling leader's top-k indices broadcast, the values allreduced) "
-          "on the same steps; its bytes do not depend on the ranks' overlap.\n")
-    print("| P | cyclic: kernel (Cohort) | cyclic / allgather | cyclic / sparse | cyclic / its P=2 |")
-    print("|---|---|---|---|---|")
-    for world in rows:
-        c = per[world]["cyclic"][0]
-        print(f"| {world} | {cell(world, 'cyclic')} | {c / per[world]['allgather'][0]:.2f}x | "
-              f"{c / per[world]['sparse'][0]:.2f}x | {c / per[first_p]['cyclic'][0]:.2f}x |")
-    print("\nThe global collective (the sparse reduce-scatter, then each rank's ceil(k/P) largest sums "
-          "allgathered) on the same steps.\n")
-    print("| P | global: kernel (Cohort) | global / allgather | global / dense | global / its P=2 |")
-    print("|---|---|---|---|---|")
-    for world in rows:
-        c = per[world]["global"][0]
-        print(f"| {world} | {cell(world, 'global')} | {c / per[world]['allgather'][0]:.2f}x | "
-              f"{c / per[world]['dense'][0]:.3f}x | {c / per[first_p]['global'][0]:.2f}x |")
+    def ratios_table(name: str, intro: str, second: str, digits: int) -> None:
+        """One collective's kernel bytes, and its ratio to the allgather, to ``second`` and to its own P = 2."""
+        print(f"\n{intro}\n")
+        print(f"| P | {name}: kernel (Cohort) | {name} / allgather | {name} / {second} | {name} / its P=2 |")
+        print("|---|---|---|---|---|")
+        for world in rows:
+            c = per[world][name][0]
+            print(f"| {world} | {cell(world, name)} | {c / per[world]['allgather'][0]:.2f}x | "
+                  f"{c / per[world][second][0]:.{digits}f}x | {c / per[first_p][name][0]:.2f}x |")
+
+    ratios_table("cyclic", "The cyclic collective (CLT-k: the cycling leader's top-k indices broadcast, the values "
+                 "allreduced) on the same steps; its bytes do not depend on the ranks' overlap.", "sparse", 2)
+    ratios_table("global", "The global collective (the sparse reduce-scatter, then each rank's ceil(k/P) largest "
+                 "sums allgathered) on the same steps.", "dense", 3)
     return 0
 
 

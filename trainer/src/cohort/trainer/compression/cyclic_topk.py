@@ -84,11 +84,8 @@ def cyclic_topk_hook(state: CyclicTopKState, bucket: dist.GradBucket) -> torch.f
     values = x[chosen]
     state.keep_unsent(bucket, x, chosen, values)
     dist.all_reduce(values, group=ctx.group)
-    ctx.stats.record(cyclic_wire_bytes(k, world), 8 * k, 4 * grad.numel())
-    grad.zero_().index_put_((chosen,), values.div_(world))
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(grad)
-    return fut
+    total = torch.zeros(grad.numel()).index_put_((chosen,), values)
+    return state.finish(bucket, total, cyclic_wire_bytes(k, world), 8 * k)
 
 
 def cyclic_hook(ctx: SyncContext, compressor: Any, error_feedback: ErrorFeedback | None) -> tuple[Any, Hook]:

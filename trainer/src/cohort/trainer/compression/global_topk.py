@@ -88,11 +88,7 @@ def global_topk_hook(state: TopKBuckets, bucket: dist.GradBucket) -> torch.futur
     done = global_topk_allreduce(idx, values, grad.numel(), comp.count(grad.numel()), ctx.rank, world, ctx.group)
     sent = torch.isin(idx, done.kept)
     state.keep_unsent(bucket, x, idx[sent], values[sent])
-    ctx.stats.record(done.wire_bytes, 8 * idx.numel(), 4 * grad.numel())
-    grad.copy_(done.total.div_(world))
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(grad)
-    return fut
+    return state.finish(bucket, done.total, done.wire_bytes, 8 * idx.numel())
 
 
 def global_hook(ctx: SyncContext, compressor: Any, error_feedback: ErrorFeedback | None) -> tuple[Any, Hook]:

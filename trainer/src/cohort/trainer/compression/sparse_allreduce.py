@@ -134,11 +134,7 @@ def sparse_allreduce_hook(state: TopKBuckets, bucket: dist.GradBucket) -> torch.
     values = x[idx]
     state.keep_unsent(bucket, x, idx, values)
     done = sparse_allreduce(idx, values, grad.numel(), ctx.rank, world, ctx.group)
-    ctx.stats.record(done.wire_bytes, 8 * idx.numel(), 4 * grad.numel())
-    grad.copy_(done.total.div_(world))
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(grad)
-    return fut
+    return state.finish(bucket, done.total, done.wire_bytes, 8 * idx.numel())
 
 
 def sparse_hook(ctx: SyncContext, compressor: Any, error_feedback: ErrorFeedback | None) -> tuple[Any, Hook]:

@@ -3,8 +3,9 @@
 ``compression.collective: sparse`` (sparse_allreduce.py), ``cyclic``
 (cyclic_topk.py) and ``global`` (global_topk.py) open a bucket the same way (reset its memory if DDP changed
 what it holds, lay the compressor out over its tensors, add the residual) and
-close it the same way (keep, as the next residual, what was not sent). Only
-the choice of indices and the collective between them differ.
+close it the same way (keep, as the next residual, what was not sent; count
+the bytes; write the mean into the bucket). Only the choice of indices and the
+collective between them differ.
 """
 
 from __future__ import annotations
@@ -38,3 +39,13 @@ class TopKBuckets:
         """Error feedback keeps what ``x`` had outside ``indices`` (``values`` went out there)."""
         if self.error_feedback is not None:
             self.error_feedback.update(bucket.index(), x, torch.zeros_like(x).index_put_((indices,), values))
+
+    def finish(self, bucket: dist.GradBucket, total: torch.Tensor, wire_bytes: int,
+               payload_bytes: int) -> torch.futures.Future[torch.Tensor]:
+        """Count the bytes, write ``total`` (the sum over ranks) / P into the bucket, and hand it back to DDP."""
+        grad = bucket.buffer()
+        self.ctx.stats.record(wire_bytes, payload_bytes, 4 * grad.numel())
+        grad.copy_(total.div_(self.ctx.world_size))
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        fut.set_result(grad)
+        return fut
