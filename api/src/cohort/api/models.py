@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
-from .schema import Quantity, Rule, field
+from .schema import Quantity, Rule, field, quantity_value
 
 GROUP = "cohort.dev"
 VERSION = "v1alpha1"
@@ -41,6 +41,9 @@ OptimizerName = Literal["sgd", "adamw"]
 StragglerPolicy = Literal["replace", "ignore"]
 SuccessPolicy = Literal["rank0", "all"]
 PipelineSchedule = Literal["gpipe", "1f1b"]
+Precision = Literal["fp32", "bf16", "fp16"]
+# The GPU resource of NVIDIA's device plugin. One trainer process drives one device, so a worker asks for 0 or 1.
+GPU_RESOURCE = "nvidia.com/gpu"
 Phase = Literal["Pending", "Running", "Recovering", "Suspended", "Succeeded", "Failed"]
 PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
 
@@ -147,7 +150,14 @@ class Workload:
             "the training process). The data order stays the trainer's, so resume stays exact.")
     optimizer: Optimizer = field(Optimizer, doc="Optimizer settings.")
     seed: int = field(0, minimum=0, doc="Seed for parameters, data order and every random choice.")
-    precision: Literal["fp32", "bf16"] = field("fp32", doc="bf16 runs forward/backward under autocast.")
+    precision: Precision = field(
+        "fp32", doc="Arithmetic of forward and backward: fp32; bf16 (autocast to bfloat16 on the worker's device, "
+                    "GPU or CPU; under FSDP2 its MixedPrecisionPolicy: bf16 parameters in compute, fp32 gradient "
+                    "reduction); fp16 (autocast to float16 with a dynamic gradient scaler; strategy data only). "
+                    "Parameters and optimizer state stay fp32 in every case.")
+    compile: bool = field(False, doc="torch.compile the model before training: each transformer block on its own "
+                                     "(as torchtitan does), other models whole. The first steps pay for "
+                                     "compilation; a world change recompiles nothing.")
     deterministic: bool = field(True, doc="Use deterministic algorithms (required for bitwise resume).")
     eval_every_epochs: int = field(1, minimum=0, doc="Evaluate on the test split every N epochs (0: only at the end).")
     eval_every_steps: int = field(0, minimum=0, doc="Also evaluate every N optimizer steps (0: off); for runs "
@@ -305,14 +315,40 @@ class ResourceClaim:
     request: str = field("", doc="One request of that claim; empty: all of them.")
 
 
+def _one_gpu_at_most(quantities: dict[str, Any]) -> bool:
+    q = quantities.get(GPU_RESOURCE)
+    return q is None or quantity_value(q) in (0, 1)
+
+
+def _one_gpu_cel(section: str) -> str:
+    value = f"quantity(string(self.{section}['{GPU_RESOURCE}']))"
+    return (f"!('{GPU_RESOURCE}' in self.{section}) || ({value}.isInteger() && "
+            f"{value}.compareTo(quantity('1')) <= 0)")
+
+
+def _one_gpu_message(section: str) -> str:
+    return (f"spec.resources.{section}['{GPU_RESOURCE}'] must be 0 or 1: a worker pod runs one trainer process "
+            "on one GPU (for more GPUs, raise spec.replicas; several GPUs per pod are not supported yet)")
+
+
 @dataclass
 class Resources:
     """core/v1 ResourceRequirements of each worker: quantities are checked at admission."""
+
+    __rules__ = tuple(
+        Rule(cel=_one_gpu_cel(section), message=_one_gpu_message(section),
+             check=lambda r, section=section: _one_gpu_at_most(getattr(r, section)),
+             field_path=f".{section}")
+        for section in ("limits", "requests"))
 
     limits: dict[str, Quantity] = field(
         {}, doc="Most of each resource a worker may use (cpu, memory, nvidia.com/gpu, ...).")
     requests: dict[str, Quantity] = field({}, doc="What a worker is scheduled by; omitted: its limits.")
     claims: list[ResourceClaim] = field([], doc="Dynamic resource claims the worker uses.")
+    shm_size: Optional[Quantity] = field(
+        None, doc="Size of the memory-backed /dev/shm of a GPU worker (DataLoader workers and NCCL use it; it "
+                  "counts against the pod's memory). Unset: the operator's default (Helm value gpu.shmSize). "
+                  "Workers without a GPU keep the container runtime's /dev/shm.")
 
 
 @dataclass
@@ -410,6 +446,11 @@ class TrainingJobSpec:
              check=lambda s: s.compression.collective == "allgather" or (
                  s.compression.method == "topk" and s.sync.algorithm == "allreduce"),
              field_path=".compression.collective"),
+        Rule(cel="self.workload.precision != 'fp16' || self.parallelism.strategy == 'data'",
+             message="spec.workload.precision fp16 needs spec.parallelism.strategy data (its gradient scaler "
+                     "unscales whole-replica gradients; sharded strategies take bf16)",
+             check=lambda s: s.workload.precision != "fp16" or s.parallelism.strategy == "data",
+             field_path=".workload.precision"),
         Rule(cel="self.workload.globalBatchSize == 0 || self.parallelism.strategy == 'data'",
              message="spec.workload.globalBatchSize needs spec.parallelism.strategy data",
              check=lambda s: s.workload.global_batch_size == 0 or s.parallelism.strategy == "data",

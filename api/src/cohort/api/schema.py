@@ -20,6 +20,7 @@ import re
 import types
 import typing
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any, Literal, TypeGuard, Union, get_args, get_origin
 
 MISSING = dataclasses.MISSING
@@ -37,6 +38,25 @@ QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numk
 class Quantity(str):
     """Type marker for a Kubernetes resource.Quantity: an integer, or a string such as ``500m``, ``2Gi``,
     ``1e3``. Values stay as written (int or str); the CRD schema is int-or-string with Kubernetes' pattern."""
+
+
+_SUFFIXES = {"": 1, "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": 10**3, "M": 10**6,
+             "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30,
+             "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def quantity_value(q: int | str) -> Decimal:
+    """The number a resource.Quantity stands for (``2Gi`` -> 2147483648, ``500m`` -> 0.5), as CEL's
+    ``quantity()`` reads it. Raises ValueError on a malformed quantity."""
+    if isinstance(q, int) and not isinstance(q, bool):
+        return Decimal(q)
+    m = re.fullmatch(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?", str(q))
+    if not m:
+        raise ValueError(f"not a quantity: {q!r}")
+    number, suffix = m.group(1), m.group(2) or ""
+    if suffix[:1] in ("e", "E"):
+        return Decimal(number + suffix)
+    return Decimal(number) * _SUFFIXES[suffix]
 
 
 @dataclasses.dataclass(frozen=True)
