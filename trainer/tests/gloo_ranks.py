@@ -4,6 +4,7 @@
 process group, calls ``fn(rank, world, *args)`` in each, and returns the
 ranks' return values (saved with torch.save) in rank order. ``fn`` must be a
 module-level function of an importable module (spawn pickles it by name).
+With ``group=False`` no group is formed: ``fn`` forms (and ends) its own.
 Processes that outlive ``timeout_s`` are killed, and the test fails.
 """
 
@@ -45,21 +46,24 @@ def job_spec(sync: str = "allreduce", method: str = "none", topology: str = "rin
     return from_manifest(manifest).spec
 
 
-def _entry(rank: int, fn: Callable[..., Any], world: int, port: int, out: str, args: tuple) -> None:
+def _entry(rank: int, fn: Callable[..., Any], world: int, port: int, out: str, args: tuple, group: bool) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=60))
+    if group:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=60))
     try:
         result = fn(rank, world, *args)
     finally:
-        dist.destroy_process_group()
+        if group:
+            dist.destroy_process_group()
     torch.save(result, Path(out) / f"{rank}.pt")
     exit_process(0)
 
 
-def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 180) -> list[Any]:
+def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 180,
+              group: bool = True) -> list[Any]:
     with tempfile.TemporaryDirectory(prefix="cohort-ranks-") as out:
-        ctx = mp.start_processes(_entry, args=(fn, world, free_port(), out, args), nprocs=world, join=False,
+        ctx = mp.start_processes(_entry, args=(fn, world, free_port(), out, args, group), nprocs=world, join=False,
                                  start_method="spawn")
         deadline = time.monotonic() + timeout_s
         try:

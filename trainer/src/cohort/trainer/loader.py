@@ -77,8 +77,10 @@ class _ByIndices(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
 
 class BatchLoader:
-    def __init__(self, split: Split, workers: int = 0, prefetch: int = 2):
-        self.split, self.workers, self.prefetch = split, workers, prefetch
+    def __init__(self, split: Split, workers: int = 0, prefetch: int = 2, pin_memory: bool = False):
+        """``pin_memory``: the workers' batches arrive in page-locked memory (a GPU worker), so the copy to
+        the device can be asynchronous (runtime/device.to_device)."""
+        self.split, self.workers, self.prefetch, self.pin_memory = split, workers, prefetch, pin_memory
         self._pending: deque[torch.Tensor] = deque()  # the indices the iterator will yield, in order
         self._it: Iterator[Any] | None = None
         self.restarts = 0
@@ -107,7 +109,7 @@ class BatchLoader:
                 yield idx
 
         loader = DataLoader(_ByIndices(self.split), batch_size=None, sampler=tracked(),
-                            num_workers=self.workers, prefetch_factor=self.prefetch,
+                            num_workers=self.workers, prefetch_factor=self.prefetch, pin_memory=self.pin_memory,
                             multiprocessing_context=_CONTEXT,
                             worker_init_fn=functools.partial(_exit_with, os.getpid()))
         self._it = iter(loader)

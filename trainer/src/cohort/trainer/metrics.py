@@ -42,6 +42,13 @@ class WorkerMetrics:
         self.comm_seconds = Histogram("cohort_step_comm_seconds", "Per-step communication not hidden by compute",
                                       buckets=STEP_BUCKETS, registry=r)
         self.samples_per_second = Gauge("cohort_samples_per_second", "Global training throughput", registry=r)
+        self.tokens_per_second = Gauge("cohort_tokens_per_second", "Global training throughput in tokens "
+                                       "(language models: samples x sequence length; other models: samples)",
+                                       registry=r)
+        self.mfu = Gauge("cohort_mfu", "Model FLOPs utilisation: training FLOP/s over the devices' peak "
+                         "(set only when the peak is known)", registry=r)
+        self.device_memory_peak = Gauge("cohort_device_memory_peak_bytes", "Most device memory the allocator "
+                                        "held (GPU workers)", registry=r)
         self.loss = Gauge("cohort_loss", "Latest training loss", registry=r)
         self.accuracy = Gauge("cohort_eval_accuracy", "Latest evaluation accuracy", registry=r)
         self.perplexity = Gauge("cohort_eval_perplexity", "Latest evaluation perplexity", registry=r)

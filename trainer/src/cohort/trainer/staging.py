@@ -33,7 +33,7 @@ class BackgroundStager:
         if isinstance(obj, torch.Tensor):
             buf = self._buffers.get(path)
             if buf is None or buf.shape != obj.shape or buf.dtype != obj.dtype:
-                buf = self._buffers[path] = torch.empty_like(obj, device="cpu")
+                buf = self._buffers[path] = torch.empty_like(obj, device="cpu", pin_memory=obj.is_cuda)
             buf.copy_(obj)
             return buf
         if isinstance(obj, dict):

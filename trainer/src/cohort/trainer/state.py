@@ -9,7 +9,6 @@ the same state from one live member to all others.
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 import torch
@@ -17,22 +16,36 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from .handover import broadcast_state
+from .runtime.device import rng_state, set_rng_state
 from .sampler import ElasticSampler
 
 
 class TrainState:
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, sampler: ElasticSampler):
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, sampler: ElasticSampler,
+                 device: torch.device | None = None, scaler: torch.amp.GradScaler | None = None):
         self.model, self.optimizer, self.sampler = model, optimizer, sampler
+        self.device = device or torch.device("cpu")
+        self.scaler = scaler  # fp16's loss scale is state too: resuming with another one is not exact
         self.step = 0
         self.has_state = False  # False until this process trains or receives state
 
     def trainer_state(self) -> dict[str, Any]:
-        return {"step": self.step, "sampler": self.sampler.state_dict(), "rng": torch.get_rng_state()}
+        s: dict[str, Any] = {"step": self.step, "sampler": self.sampler.state_dict(), "rng": torch.get_rng_state()}
+        device_rng = rng_state(self.device)
+        if device_rng is not None:
+            s["device_rng"] = device_rng
+        if self.scaler is not None:
+            s["scaler"] = self.scaler.state_dict()
+        return s
 
     def load_trainer_state(self, s: dict[str, Any]) -> None:
         self.step = int(s["step"])
         self.sampler.load_state_dict(s["sampler"])
         torch.set_rng_state(s["rng"])
+        set_rng_state(self.device, s.get("device_rng"))
+        if self.scaler is not None and s.get("scaler"):
+            self.scaler.load_state_dict(s["scaler"])
         self.has_state = True
 
     def rebind(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -54,19 +67,12 @@ class TrainState:
 
     # --- peer hand-over --------------------------------------------------------
     def broadcast(self, src: int, rank: int, group: dist.ProcessGroup | None = None) -> int:
-        """Make every rank's state equal to rank ``src``'s; returns the bytes handed over."""
-        payload: list[bytes | None] = [None]
-        if rank == src:
-            buf = io.BytesIO()
-            torch.save({"model": self.model.state_dict(), "optim": self.optimizer.state_dict(),
-                        "trainer": self.trainer_state()}, buf)
-            payload = [buf.getvalue()]
-        dist.broadcast_object_list(payload, src=src, group=group)
-        data = payload[0]
-        assert isinstance(data, bytes)
+        """Make every rank's state equal to rank ``src``'s (handover.py); returns the bytes handed over."""
+        mine = {"model": self.model.state_dict(), "optim": self.optimizer.state_dict(),
+                "trainer": self.trainer_state()} if rank == src else None
+        state, nbytes = broadcast_state(mine, src, rank, self.device, group)
         if rank != src:
-            state = torch.load(io.BytesIO(data), weights_only=False)
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optim"])
             self.load_trainer_state(state["trainer"])
-        return len(data)
+        return nbytes

@@ -14,6 +14,9 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
+from typing import Any
+
+import torch
 
 
 class StepClock:
@@ -43,3 +46,30 @@ class StepClock:
 
     def loop_mean(self) -> float | None:
         return statistics.fmean(self.loops) if self.loops else None
+
+
+class DeviceClock:
+    """Marks in time that hold on a GPU, where the host runs ahead of the kernels it queues.
+
+    On the CPU a mark is ``perf_counter()``. On a device it is an event recorded on the current
+    stream, so it completes when the work queued before it does; ``seconds`` reads two marks
+    after the step's one synchronisation (``device.synchronize``). A DDP comm hook may mark from
+    autograd's device thread: events record on that thread's current stream, the backward's.
+    """
+
+    def __init__(self, device: torch.device):
+        self.events = device.type != "cpu"
+        self._module = torch.get_device_module(device.type) if self.events else None
+
+    def mark(self) -> Any:
+        if self._module is None:
+            return time.perf_counter()
+        event = self._module.Event(enable_timing=True)
+        event.record()
+        return event
+
+    @staticmethod
+    def seconds(start: Any, end: Any) -> float:
+        if isinstance(start, float):
+            return end - start
+        return start.elapsed_time(end) / 1e3

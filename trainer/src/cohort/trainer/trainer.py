@@ -17,7 +17,6 @@ import os
 import socket
 import threading
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +34,14 @@ from .metrics import WorkerMetrics
 from .parallel.base import Plan, PlanContext
 from .parallel.registry import PARALLELISMS
 from .paths import map_path
+from .runtime.device import backend_for, peak_memory_bytes, select_device
 from .runtime.process_group import Rendezvous, Superseded, pod_ip
 from .runtime.world import StaticWorld, World, world_source_from_env
 from .sampler import ElasticSampler
 from .state import TrainState
+from .step import MicroBatching, StepRunner
 from .sync.base import CommStats
+from .throughput import Throughput
 from .timing import StepClock
 from .workloads.workload import build_workload, summarize
 
@@ -105,6 +107,7 @@ class Trainer:
             torch.set_num_threads(1)  # many small ranks share a node's cores; users raise it via env
         if self.spec.workload.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
+        self.device = select_device(env)  # before the process group and the model: everything lands there
 
         self.metrics = WorkerMetrics()
         port = int(env.get("COHORT_METRICS_PORT", cfg.metrics_port)) + int(env.get("LOCAL_RANK", "0"))
@@ -121,14 +124,20 @@ class Trainer:
         self.model = self.workload.model
         PARALLELISMS[self.spec.parallelism.strategy].check(self.spec, self.model)  # refuse what cannot run
         # Sharded plans restart each world from an unsharded model: keep one untouched copy.
+        # (on the host: it is copied to the device once a world's plan has sharded it)
         self.pristine = copy.deepcopy(self.model) if self.spec.parallelism.strategy != "data" else None
         self.sharded_model = False  # the model holds one world's shards (set by _enter_sharded)
+        self.model.to(self.device)  # placed before the optimizer exists, so its state lands there too
         self.optimizer = build_optimizer(self.model.parameters(), self.spec.workload.optimizer)
         data = self.workload.data
         self.sampler = ElasticSampler(len(data.train), self.spec.workload.batch_size, self.spec.workload.seed,
                                       self.spec.workload.global_batch_size)
-        self.loader = BatchLoader(data.train, self.spec.workload.data_loader_workers)
-        self.state = TrainState(self.model, self.optimizer, self.sampler)
+        self.loader = BatchLoader(data.train, self.spec.workload.data_loader_workers,
+                                  pin_memory=self.device.type == "cuda")
+        self.stats = CommStats()
+        self.stepper = StepRunner(self.spec, self.device, self.stats)
+        self.state = TrainState(self.model, self.optimizer, self.sampler, self.device, self.stepper.scaler)
+        self.throughput = Throughput.of(self.workload, self.device, self.spec.workload.precision)
         ck_root = self.spec.checkpoint.path.rstrip("/") + "/" + cfg.name
         self.ckpt = Checkpointer(map_path(ck_root), self.spec.checkpoint.keep, self.spec.checkpoint.async_,
                                  self.metrics, display_root=ck_root)
@@ -138,8 +147,8 @@ class Trainer:
 
         self.worlds = world_source_from_env(env, cfg.namespace, self.pod)
         self.static = isinstance(self.worlds, StaticWorld)
-        self.rdzv = Rendezvous(self.ip, cfg.rendezvous_port, timeout_s=float(env.get("COHORT_PG_TIMEOUT_S", "60")))
-        self.stats = CommStats()
+        self.rdzv = Rendezvous(self.ip, cfg.rendezvous_port, timeout_s=float(env.get("COHORT_PG_TIMEOUT_S", "60")),
+                               device=self.device)
         self.plan: Plan | None = None
         self.world: World | None = None
         self.rank = -1
@@ -204,13 +213,14 @@ class Trainer:
         self.world, self.rank = world, rank
         logmod.context.update(rank=rank, world_version=world.version)
         self.metrics.update_progress(state="recovering" if self.joined else "joining")
-        if self.static:
-            dist.init_process_group("gloo") if not dist.is_initialized() else None
+        if self.static and not dist.is_initialized():
+            dist.init_process_group(backend_for(self.device),
+                                    device_id=self.device if self.device.type == "cuda" else None)
         else:
             self.rdzv.join(world, rank, is_newer=lambda: self._latest_version() > world.version)
         log.info("process group formed", extra={"size": world.size, "t": time.time()})
         self.plan = PARALLELISMS[self.spec.parallelism.strategy](
-            PlanContext(self.spec, rank, world.size, self.stats, model=self.pristine))
+            PlanContext(self.spec, rank, world.size, self.stats, model=self.pristine, device=self.device))
         self.sampler.batch_size = self.plan.batch_size
         if self.plan.replicated and not self.sharded_model:
             self._agree_on_state()
@@ -264,7 +274,7 @@ class Trainer:
         and DCP reshards it to this world's mesh (any dp, tp or pp degree).
         """
         assert self.plan is not None and self.pristine is not None
-        self.model = copy.deepcopy(self.pristine)
+        self.model = copy.deepcopy(self.pristine).to(self.device)
         if self.plan.replicated:  # auto moved from a sharded plan to replicas: load into plain tensors
             self.optimizer = build_optimizer(self.model.parameters(), self.spec.workload.optimizer)
             self.state.rebind(self.model, self.optimizer)
@@ -332,38 +342,25 @@ class Trainer:
 
     def _step(self, size: int) -> None:
         assert self.plan is not None
-        step = self.state.step
+        step, dp_rank = self.state.step, self.plan.dp_rank
         self.faults.before_step(self.rank, step)
-        t0 = time.perf_counter()
-        hook_mark = self.stats.last_hook_time
-        idx = self.sampler.indices(self.plan.dp_rank, size)
+        idx = self.sampler.indices(dp_rank, size)
+        global_batch = self.sampler.global_batch(size)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr_at(step, self.sampler.global_batch(size) / self.spec.workload.batch_size, self.spec,
+            group["lr"] = lr_at(step, global_batch / self.spec.workload.batch_size, self.spec,
                                 self.sampler.epoch + self.sampler.offset / max(self.sampler.num_samples, 1))
-        self.optimizer.zero_grad(set_to_none=True)
-        autocast = torch.autocast("cpu", dtype=torch.bfloat16) if self.spec.workload.precision == "bf16" \
-            else nullcontext()
-        with autocast:
-            loss = self._forward_backward(idx, size)
-        t_bwd = time.perf_counter()
-        exposed = t_bwd - self.stats.last_hook_time if self.stats.last_hook_time > hook_mark else 0.0
-        compute = (t_bwd - t0) - exposed
-        compute += self.faults.delay(compute)
-        if self.spec.workload.optimizer.grad_clip_norm > 0:
-            self.plan.clip_grad_norm(self.spec.workload.optimizer.grad_clip_norm)
-        self.ckpt.before_update()  # a checkpoint still being staged must not see this update
-        self.optimizer.step()
-        t_opt = time.perf_counter()
-        self.plan.after_step(step + 1)
-        t_end = time.perf_counter()
-        comm = exposed + (t_end - t_opt)
-        compute += t_opt - t_bwd
+        parts = self.sampler.micro_batches(size)
+        whole = parts == 1 and len(idx) * size == global_batch  # one per-rank batch: no weighting needed
+        micro = MicroBatching(parts, size, 0 if whole else global_batch)
+        result = self.stepper.run(
+            self.plan, self.optimizer, lambda: self.loader.get(idx, lambda: self.sampler.upcoming(dp_rank, size)),
+            self.workload.loss_fn, micro, self.ckpt.before_update, step + 1, self.faults.delay)
         if self.sample_log is not None:
             self._log_samples(step, idx)
         self.sampler.advance(size)
         self.state.step = step + 1
         self.state.has_state = True
-        self._record_step(t_end - t0, compute, comm, float(loss), size)
+        self._record_step(result.wall_s, result.compute_s, result.comm_s, result.loss, size)
 
     def _log_samples(self, step: int, idx: torch.Tensor) -> None:
         assert self.sample_log is not None and self.plan is not None and self.world is not None
@@ -373,29 +370,6 @@ class Trainer:
                 "indices": idx.tolist()}
         with open(self.sample_log, "a") as f:
             f.write(json.dumps(line) + "\n")
-
-    def _forward_backward(self, idx: torch.Tensor, size: int) -> torch.Tensor:
-        """This rank's share of the step, in as many micro-batches as the largest share needs (one, unless
-        workload.globalBatchSize asks for more samples than batchSize x ranks). Each micro-batch's loss is
-        weighted by its samples x dp / globalBatch, so DDP's mean over ranks is the mean over the global
-        batch; only the last backward communicates."""
-        assert self.plan is not None
-        dp_rank = self.plan.dp_rank
-        x, y = self.loader.get(idx, lambda: self.sampler.upcoming(dp_rank, size))
-        parts = self.sampler.micro_batches(size)
-        if parts == 1 and len(idx) * size == self.sampler.global_batch(size):
-            return self.plan.forward_backward(x, y, self.workload.loss_fn)
-        total = float(self.sampler.global_batch(size))
-        loss = torch.zeros(())
-        chunks = [(cx, cy) for cx, cy in zip(torch.tensor_split(x, parts), torch.tensor_split(y, parts),
-                                             strict=True) if len(cx)]
-        for i, (cx, cy) in enumerate(chunks):
-            scale = len(cx) * size / total
-            sync = self.plan.accumulating() if i < len(chunks) - 1 else nullcontext()
-            with sync:
-                part = self.plan.forward_backward(cx, cy, self.workload.loss_fn, scale)
-            loss += part * len(cx) / len(idx)
-        return loss
 
     def _record_step(self, wall: float, compute: float, comm: float, loss: float, size: int) -> None:
         m = self.metrics
@@ -410,6 +384,13 @@ class Trainer:
         self.sps_ema = sps if self.sps_ema is None else 0.9 * self.sps_ema + 0.1 * sps
         self.loss_ema = loss if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * loss
         m.samples_per_second.set(self.sps_ema)
+        m.tokens_per_second.set(self.throughput.tokens_per_second(self.sps_ema))
+        mfu = self.throughput.mfu(self.sps_ema, self.world.size if self.world else 1)
+        if mfu is not None:
+            m.mfu.set(mfu)
+        peak = peak_memory_bytes(self.device)
+        if peak is not None:
+            m.device_memory_peak.set(peak)
         m.loss.set(loss)
         m.bytes_sent.inc(self.stats.bytes_sent - getattr(self, "_bytes_reported", 0))
         self._bytes_reported = self.stats.bytes_sent
@@ -436,10 +417,18 @@ class Trainer:
             state="training", step=self.state.step, epoch=self.sampler.epoch, loss=self.loss_ema,
             samplesPerSecond=self.sps_ema, plan=self.plan.describe() if self.plan else "",
             worldVersion=self.world.version if self.world else 0, worldSize=self.world.size if self.world else 0,
+            tokensPerSecond=self.throughput.tokens_per_second(self.sps_ema) if self.sps_ema else None,
+            mfu=self._mfu(),
             accuracy=self.eval_result.get("accuracy"), perplexity=self.eval_result.get("perplexity"),
             evalLoss=self.eval_result.get("eval_loss"),
             lastCheckpoint={"step": last.step, "location": last.location, "time": last.time} if last else None,
             stepsTotal=total, etaSeconds=self._eta_seconds(total))
+
+    def _mfu(self) -> float | None:
+        if not self.sps_ema:
+            return None
+        mfu = self.throughput.mfu(self.sps_ema, self.world.size if self.world else 1)
+        return round(mfu, 4) if mfu is not None else None
 
     def _eta_seconds(self, total: int | None) -> int | None:
         """Seconds to the last step at the current global throughput and world size."""
@@ -535,6 +524,9 @@ class Trainer:
         self.ckpt.wait()
         summary = {"step": self.state.step, "epoch": self.sampler.epoch, "loss": self.loss_ema,
                    **self.eval_result, "samplesPerSecond": self.sps_ema,
+                   "tokensPerSecond": self.throughput.tokens_per_second(self.sps_ema) if self.sps_ema else None,
+                   "mfu": self._mfu(), "device": str(self.device), "peakMemoryBytes": peak_memory_bytes(self.device),
+                   "precision": self.spec.workload.precision, "compiled": self.spec.workload.compile,
                    "worldVersion": self.world.version if self.world else 0, "checkpoints": self.ckpt.committed,
                    "seconds": round(time.monotonic() - self.t_start, 3), "rank": self.rank,
                    "stepSecondsMedian": self.clock.step_median(), "loopSecondsMean": self.clock.loop_mean(),

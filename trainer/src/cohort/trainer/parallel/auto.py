@@ -138,8 +138,9 @@ class AutoPlan(Plan):
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor,
                          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                         scale: float = 1.0) -> torch.Tensor:
-        return self.inner.forward_backward(x, y, loss_fn, scale)
+                         scale: float = 1.0,
+                         loss_scale: Callable[[torch.Tensor], torch.Tensor] = lambda v: v) -> torch.Tensor:
+        return self.inner.forward_backward(x, y, loss_fn, scale, loss_scale)
 
     def accumulating(self) -> AbstractContextManager[Any]:
         return self.inner.accumulating()

@@ -15,7 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,6 +24,7 @@ from torch import nn
 
 from cohort.api.models import TrainingJobSpec
 
+from ..runtime.device import to_device
 from ..sync.base import CommStats
 from ..workloads.splits import Split
 from .clip import clip_grad_norm
@@ -36,6 +37,7 @@ class PlanContext:
     world_size: int
     stats: CommStats
     model: nn.Module | None = None   # an unsharded copy of the model, for planning and checks (may be None)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # runtime/device.py's choice
 
 
 class Plan(ABC):
@@ -71,11 +73,13 @@ class Plan(ABC):
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor,
                          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                         scale: float = 1.0) -> torch.Tensor:
-        """One micro-batch: forward, and backward of the loss times ``scale``; returns the unscaled loss."""
+                         scale: float = 1.0,
+                         loss_scale: Callable[[torch.Tensor], torch.Tensor] = lambda v: v) -> torch.Tensor:
+        """One micro-batch: forward, and backward of the loss times ``scale`` (then through ``loss_scale``:
+        fp16's gradient scaler); returns the unscaled loss."""
         assert self.module is not None
         loss = loss_fn(self.module(x), y)
-        (loss * scale if scale != 1.0 else loss).backward()
+        loss_scale(loss * scale if scale != 1.0 else loss).backward()
         return loss.detach()
 
     def accumulating(self) -> AbstractContextManager[Any]:
@@ -106,7 +110,7 @@ class Plan(ABC):
         shard = torch.arange(self.dp_rank, len(split), self.dp_size)
         for start in range(0, len(shard), batch):
             x, y = split.fetch(shard[start:start + batch])
-            yield y, module(x)
+            yield to_device(y, self.ctx.device), module(to_device(x, self.ctx.device))
 
     def describe(self) -> str:
         return f"dp={self.dp_size}"

@@ -32,7 +32,11 @@ def clip_grad_norm(params: Iterable[nn.Parameter], max_norm: float,
             by_mesh.setdefault(g.device_mesh, []).append(g)
         else:
             plain.append(g)
-    squared = torch.zeros((), dtype=torch.float64)
+    if not grads:  # every pipeline stage holds parameters, so the stages' all_reduce below is never skipped
+        assert stage_group is None, "a pipeline stage without gradients"
+        return 0.0
+    local = grads[0].to_local() if isinstance(grads[0], DTensor) else grads[0]
+    squared = local.new_zeros((), dtype=torch.float64)  # on the gradients' device (NCCL sums it across stages)
     if plain:
         squared += torch.nn.utils.get_total_norm(plain, 2.0).double() ** 2
     for group in by_mesh.values():

@@ -7,6 +7,7 @@ from torch import nn
 from ..sync.base import SyncContext
 from ..sync.registry import SYNCS
 from .base import Plan, PlanContext
+from .compile import apply_compile
 
 
 class DataParallel(Plan):
@@ -18,6 +19,8 @@ class DataParallel(Plan):
         self.sync = SYNCS[algo](SyncContext(ctx.rank, ctx.world_size, ctx.spec, ctx.stats))
 
     def apply(self, model: nn.Module) -> nn.Module:
+        if self.ctx.spec.workload.compile:
+            apply_compile(model)
         self.module = self.sync.wrap(model)
         return self.module
 

@@ -10,9 +10,10 @@ When the model already holds tensor-parallel DTensors (1-D on the tp mesh),
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 
 def shard_units(model: nn.Module) -> list[nn.Module]:
@@ -23,14 +24,21 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
     return []
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, reshard_after_forward: bool = True) -> nn.Module:
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, reshard_after_forward: bool = True,
+               precision: str = "fp32") -> nn.Module:
     """Shard ``model`` in place over ``dp_mesh``; returns it (now an FSDPModule).
+
+    ``precision`` bf16: parameters are gathered and computed in bf16, gradients
+    reduced in fp32 (torchtitan's default policy); the sharded parameters and
+    the optimizer stay fp32.
 
     ``reshard_after_forward=False`` keeps each block gathered between forward
     and backward: pipeline stages run several microbatches per step, and
     re-gathering for each of them would multiply the all-gathers.
     """
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if precision == "bf16" else MixedPrecisionPolicy()
     for unit in shard_units(model):
-        fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
     return model

@@ -5,10 +5,12 @@
 2. **Tensor parallel** (tp > 1): ``parallelize_module`` on the tp mesh.
    Before FSDP, because FSDP2 shards DTensor parameters further (a tp-sharded
    weight becomes 2-D over dp x tp); the other order is not supported.
-3. **FSDP2** (dp > 1): ``fully_shard`` per block, then the root, on the dp mesh.
+3. **Compile** (``workload.compile``): each block on its own (compile.py).
+4. **FSDP2** (dp > 1): ``fully_shard`` per block, then the root, on the dp mesh,
+   with bf16 compute when ``workload.precision`` is bf16 (MixedPrecisionPolicy).
    Also the data-parallel gradient sync when tp or pp > 1 (TP + plain DDP
    fails on gloo; FSDP2 over a 2-D mesh works).
-4. **Pipeline schedule** (pp > 1): the stage, wrapped as above, goes into a
+5. **Pipeline schedule** (pp > 1): the stage, wrapped as above, goes into a
    ``PipelineStage`` and a GPipe or 1F1B schedule (it turns off FSDP's
    gradient sync for all but the last microbatch itself).
 
@@ -20,13 +22,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from cohort.api.models import Workload
+
 from ..planner.dims import ParallelDims
+from .compile import apply_compile
 from .fsdp import apply_fsdp
-from .mesh import device_type
 from .pipeline import Pipeline, split_stage
 from .tensor import apply_tp
 
@@ -39,16 +42,19 @@ class Parallelized:
     pipeline: Pipeline | None      # set when pp > 1
 
 
-def parallelize(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh) -> Parallelized:
+def parallelize(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, workload: Workload) -> Parallelized:
+    """``model`` must already be on the mesh's device."""
     pp_rank = mesh.get_local_rank("pp")
     if dims.pp > 1:
         split_stage(model, pp_rank, dims.pp)  # type: ignore[arg-type]  # check_dims allowed transformers only
     if dims.tp > 1:
         apply_tp(model, mesh["tp"])
+    if workload.compile:
+        apply_compile(model)
     if dims.dp > 1:
-        apply_fsdp(model, mesh["dp"], reshard_after_forward=dims.pp == 1)
+        apply_fsdp(model, mesh["dp"], reshard_after_forward=dims.pp == 1, precision=workload.precision)
     pipeline = None
     if dims.pp > 1:
-        pipeline = Pipeline(model, pp_rank, dims.pp, mesh.get_group("pp"), dims.microbatches, dims.schedule,
-                            torch.device(device_type()))
+        device = next(model.parameters()).device
+        pipeline = Pipeline(model, pp_rank, dims.pp, mesh.get_group("pp"), dims.microbatches, dims.schedule, device)
     return Parallelized(model, pipeline)

@@ -64,7 +64,7 @@ class Pipeline:
 
     def __init__(self, module: nn.Module, stage: int, n_stages: int, group: dist.ProcessGroup,
                  microbatches: int, schedule: str, device: torch.device):
-        self.module, self.stage, self.n_stages, self.group = module, stage, n_stages, group
+        self.module, self.stage, self.n_stages, self.group, self.device = module, stage, n_stages, group, device
         self.microbatches, self.schedule_name = microbatches, schedule
         self._stage = PipelineStage(module, stage, n_stages, device, group=group)
         self._schedule: PipelineScheduleSingle | None = None
@@ -100,17 +100,20 @@ class Pipeline:
             self._schedule.step(target=y, losses=losses)
         else:
             self._schedule.step()
-        loss = torch.stack([v.detach().float() for v in losses]).mean() if losses else torch.zeros(())
+        # On the device on every stage: a broadcast whose ranks pass tensors of different devices would
+        # take different backends (gloo here, NCCL there) and hang.
+        loss = torch.stack([v.detach().float() for v in losses]).mean() if losses else \
+            torch.zeros((), device=self.device)
         dist.broadcast(loss, group=self.group, group_src=self.n_stages - 1)
         return loss
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor | None:
         """An evaluation forward pass of a whole batch; the output on the last stage, else None."""
-        if not self.is_first:
+        if not self.is_first:  # the shape is host metadata (gloo), the activations the device's
             shape = torch.zeros(3, dtype=torch.long)
             dist.recv(shape, group=self.group, group_src=self.stage - 1)
-            x = torch.empty(*shape.tolist())
+            x = torch.empty(*shape.tolist(), device=self.device)
             dist.recv(x, group=self.group, group_src=self.stage - 1)
         h = self.module(x)
         if self.is_last:

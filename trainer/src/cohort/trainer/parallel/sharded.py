@@ -20,6 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from cohort.api.models import TrainingJobSpec
 
 from ..planner.dims import ParallelDims
+from ..runtime.device import to_device
 from ..workloads.splits import Split
 from .base import Plan, PlanContext
 from .clip import clip_grad_norm
@@ -67,21 +68,22 @@ class MeshPlan(Plan):
 
     def apply(self, model: nn.Module) -> nn.Module:
         check_dims(self.dims, model, self.batch_size)
-        mesh = self.mesh = build_mesh(self.dims)
+        mesh = self.mesh = build_mesh(self.dims, self.ctx.device)
         assert mesh.get_local_rank("dp") == self._dp_rank and mesh.get_local_rank("pp") == self.pp_rank
-        self.parts = parallelize(model, self.dims, mesh)
+        self.parts = parallelize(model.to(self.ctx.device), self.dims, mesh, self.ctx.spec.workload)
         self.module = self.parts.module
         self.checkpoint_group = dist.new_group(backend="gloo")
         return self.module
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor,
                          loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                         scale: float = 1.0) -> torch.Tensor:
+                         scale: float = 1.0,
+                         loss_scale: Callable[[torch.Tensor], torch.Tensor] = lambda v: v) -> torch.Tensor:
         assert self.parts is not None
         assert scale == 1.0, "globalBatchSize is for strategy data (admission refuses it here)"
-        if self.parts.pipeline is not None:
+        if self.parts.pipeline is not None:  # fp16 (a loss_scale) is for strategy data: admission refuses it here
             return self.parts.pipeline.train_step(x, y, loss_fn)
-        return super().forward_backward(x, y, loss_fn)
+        return super().forward_backward(x, y, loss_fn, loss_scale=loss_scale)
 
     def clip_grad_norm(self, max_norm: float) -> float:
         assert self.parts is not None and self.mesh is not None
@@ -96,6 +98,7 @@ class MeshPlan(Plan):
         pipeline = self.parts.pipeline
         for start in range(0, len(shard), batch):
             x, y = split.fetch(shard[start:start + batch])
+            x, y = to_device(x, self.ctx.device), to_device(y, self.ctx.device)
             out = pipeline.forward(x) if pipeline is not None else self.parts.module(x)
             if out is not None and self.tp_rank == 0:
                 yield y, out

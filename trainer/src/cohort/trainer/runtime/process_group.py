@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ..log import get_logger
+from .device import backend_for
 from .world import World
 
 log = get_logger(__name__)
@@ -29,10 +30,6 @@ log = get_logger(__name__)
 
 class Superseded(Exception):
     """A newer world was published while this one was forming or running."""
-
-
-def backend_name() -> str:
-    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
 
 
 def gloo_options_bound_to(ip: str) -> object:
@@ -46,8 +43,10 @@ def gloo_options_bound_to(ip: str) -> object:
 
 
 class Rendezvous:
-    def __init__(self, my_ip: str, port: int, timeout_s: float = 60.0, bind_ip: bool = True):
+    def __init__(self, my_ip: str, port: int, timeout_s: float = 60.0, bind_ip: bool = True,
+                 device: torch.device | None = None):
         self.my_ip, self.port, self.timeout_s, self.bind_ip = my_ip, port, timeout_s, bind_ip
+        self.device = device or torch.device("cpu")
         self._listen: socket.socket | None = None
         self._server: dist.TCPStore | None = None
 
@@ -83,9 +82,11 @@ class Rendezvous:
         store = dist.PrefixStore(f"v{world.version}", base)
         self._barrier(store, world, is_newer)
         kwargs: dict[str, Any] = {}
-        if self.bind_ip and not torch.cuda.is_available():
+        if self.device.type == "cuda":
+            kwargs["device_id"] = self.device  # binds the group to this GPU (NCCL's communicator forms eagerly)
+        elif self.bind_ip:
             kwargs["pg_options"] = gloo_options_bound_to(self.my_ip)
-        dist.init_process_group(backend_name(), store=dist.PrefixStore("pg", store), rank=rank,
+        dist.init_process_group(backend_for(self.device), store=dist.PrefixStore("pg", store), rank=rank,
                                 world_size=world.size, timeout=datetime.timedelta(seconds=self.timeout_s),
                                 **kwargs)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,12 +24,14 @@ from cohort.api.models import TrainingJobSpec
 class CommStats:
     """Cumulative bytes this process sent, and payload vs dense sizes (compression ratio)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], Any] = time.perf_counter) -> None:
         self._lock = threading.Lock()
         self.bytes_sent = 0
         self.payload_bytes = 0
         self.dense_bytes = 0
-        self.last_hook_time = 0.0  # when the last gradient bucket was handed to communication
+        self.clock = clock          # timing.DeviceClock.mark on a device: marks are stream events
+        self.hooks = 0              # gradient buckets handed to communication so far
+        self.last_hook: Any = None  # the clock's mark at the last hand-off
 
     def record(self, wire_bytes: int, payload_bytes: int, dense_bytes: int) -> None:
         with self._lock:
@@ -37,7 +40,8 @@ class CommStats:
             self.dense_bytes += int(dense_bytes)
 
     def mark_hook(self) -> None:
-        self.last_hook_time = time.perf_counter()
+        self.last_hook = self.clock()
+        self.hooks += 1
 
     @property
     def compression_ratio(self) -> float:
