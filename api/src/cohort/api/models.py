@@ -6,6 +6,7 @@ become the CRD descriptions and ``docs/api.md``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
@@ -320,6 +321,10 @@ def _one_gpu_at_most(quantities: dict[str, Any]) -> bool:
     return q is None or quantity_value(q) in (0, 1)
 
 
+def _section_has_one_gpu_at_most(resources: Any, section: str) -> bool:
+    return _one_gpu_at_most(getattr(resources, section))
+
+
 def _one_gpu_cel(section: str) -> str:
     value = f"quantity(string(self.{section}['{GPU_RESOURCE}']))"
     return (f"!('{GPU_RESOURCE}' in self.{section}) || ({value}.isInteger() && "
@@ -337,7 +342,7 @@ class Resources:
 
     __rules__ = tuple(
         Rule(cel=_one_gpu_cel(section), message=_one_gpu_message(section),
-             check=lambda r, section=section: _one_gpu_at_most(getattr(r, section)),
+             check=functools.partial(_section_has_one_gpu_at_most, section=section),
              field_path=f".{section}")
         for section in ("limits", "requests"))
 

@@ -40,7 +40,7 @@ class Quantity(str):
     ``1e3``. Values stay as written (int or str); the CRD schema is int-or-string with Kubernetes' pattern."""
 
 
-_SUFFIXES = {"": 1, "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": 10**3, "M": 10**6,
+_SUFFIXES: dict[str, Decimal | int] = {"": 1, "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": 10**3, "M": 10**6,
              "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30,
              "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 
