@@ -49,12 +49,14 @@ from bench.stats import host, spread  # noqa: E402
 from cohort.api.models import TrainingJobSpec  # noqa: E402
 from cohort.api.schema import parse, to_dict  # noqa: E402
 from cohort.operator.pods import build_worker_pod  # noqa: E402
+from cohort.operator.settings import Settings  # noqa: E402
 from tests.support.wait import wait_for  # noqa: E402
 
 GROUP, VERSION, PLURAL = "cohort.dev", "v1alpha1", "trainingjobs"
 NODE_LABEL = "cohort.dev/bench"
 INSTANCE = "bench"
 TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
+BENCH_DEFAULTS = Settings(default_image="cohort-trainer:bench").pod_defaults
 
 
 def job_spec(workers: int) -> dict[str, Any]:
@@ -182,7 +184,7 @@ def worker_pods(n_jobs: int, workers: int, ns: str) -> list[dict[str, Any]]:
     for j in range(n_jobs):
         job = {"metadata": {"name": f"job{j}", "namespace": ns, "uid": str(uuid.uuid4())}, "spec": spec_dict}
         for i in range(workers):
-            pod = build_worker_pod(job, spec, i, default_image="cohort-trainer:bench")
+            pod = build_worker_pod(job, spec, i, defaults=BENCH_DEFAULTS)
             del pod["metadata"]["ownerReferences"]  # no owner exists: the GC would delete them
             pod["spec"]["serviceAccountName"] = "default"  # no per-job RBAC in the baseline
             out.append(pod)

@@ -18,7 +18,7 @@ from cohort.operator.manifests import (
     build_world_map,
     owned_objects,
 )
-from cohort.operator.pods import avoid_nodes, build_worker_pod
+from cohort.operator.pods import CPU_ENV_DEFAULTS, GPU_ENV_DEFAULTS, PodDefaults, avoid_nodes, build_worker_pod
 from cohort.operator.world import Member, World
 
 
@@ -31,9 +31,12 @@ def make_job(name: str = "digits", spec: dict | None = None) -> dict:
             "spec": to_dict(parse(TrainingJobSpec, with_workload(spec)))}
 
 
+DEFAULTS = PodDefaults(image="img:default", cuda_image="img:cuda", shm_size="8Gi")
+
+
 def pod_for(spec: dict | None = None, **kwargs):
     job = make_job(spec=spec)
-    return build_worker_pod(job, parse(TrainingJobSpec, job["spec"]), 3, default_image="img:default", **kwargs)
+    return build_worker_pod(job, parse(TrainingJobSpec, job["spec"]), 3, defaults=DEFAULTS, **kwargs)
 
 
 def env_of(pod) -> dict:
@@ -118,6 +121,82 @@ def test_resources_and_scheduling_pass_through():
     assert spec["nodeSelector"] == {"type": "kwok"}
     assert spec["tolerations"] == [{"key": "k", "operator": "Exists"}]
     assert spec["affinity"] == {"podAntiAffinity": {"x": 1}}
+
+
+GPU = {"resources": {"limits": {"nvidia.com/gpu": 1, "memory": "16Gi"}}}
+
+
+def shm_of(pod) -> tuple[list, list]:
+    """The /dev/shm (volumes, mounts) of a pod."""
+    mounts = [m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+    names = {m["name"] for m in mounts}
+    return [v for v in pod["spec"]["volumes"] if v["name"] in names], mounts
+
+
+def test_gpu_worker_gets_the_cuda_image_a_memory_shm_and_nccl_defaults():
+    pod = pod_for(GPU)
+    c = pod["spec"]["containers"][0]
+    assert c["image"] == "img:cuda"
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": 1, "memory": "16Gi"}}
+    (vol,), (mount,) = shm_of(pod)
+    assert vol["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
+    assert mount == {"name": vol["name"], "mountPath": "/dev/shm"}
+    env = env_of(pod)
+    assert env["NCCL_DEBUG"] == {"name": "NCCL_DEBUG", "value": "WARN"}
+    assert env["NCCL_SOCKET_IFNAME"] == {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}
+    assert {name for name, _ in GPU_ENV_DEFAULTS} <= set(env)
+    assert "NVIDIA_VISIBLE_DEVICES" not in env  # the device plugin sets it to the GPU it allocates
+    assert env["COHORT_WORLD"]["value"] == "configmap:digits-world"  # the contract is unchanged
+
+
+def test_a_gpu_request_alone_makes_a_gpu_worker_and_zero_does_not():
+    assert pod_for({"resources": {"requests": {"nvidia.com/gpu": "1"}}})["spec"]["containers"][0]["image"] == "img:cuda"
+    zero = pod_for({"resources": {"limits": {"nvidia.com/gpu": 0}}})
+    assert zero["spec"]["containers"][0]["image"] == "img:default"
+    assert shm_of(zero) == ([], []) and env_of(zero)["NVIDIA_VISIBLE_DEVICES"]["value"] == "void"
+
+
+def test_shm_size_comes_from_the_spec_and_is_not_a_container_resource():
+    pod = pod_for({"resources": {"limits": {"nvidia.com/gpu": 1}, "shmSize": "32Gi"}})
+    (vol,), _ = shm_of(pod)
+    assert vol["emptyDir"]["sizeLimit"] == "32Gi"
+    assert pod["spec"]["containers"][0]["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+
+
+def test_spec_image_wins_over_both_defaults():
+    assert pod_for({**GPU, "image": "mine:1"})["spec"]["containers"][0]["image"] == "mine:1"
+    assert pod_for({"image": "mine:1"})["spec"]["containers"][0]["image"] == "mine:1"
+
+
+def test_the_users_env_overrides_every_device_default_once():
+    user_env = [{"name": "NCCL_DEBUG", "value": "INFO"},
+                {"name": "NCCL_SOCKET_IFNAME", "valueFrom": {"configMapKeyRef": {"name": "net", "key": "if"}}},
+                {"name": "NVIDIA_VISIBLE_DEVICES", "value": "0"}]
+    template = {"podTemplate": {"spec": {"containers": [{"env": user_env}]}}}
+    for spec in (GPU, {}):
+        env = pod_for({**spec, **template})["spec"]["containers"][0]["env"]
+        names = [e["name"] for e in env]
+        assert len(names) == len(set(names)), names  # no name twice: the user's entry is the only one
+        by_name = {e["name"]: e for e in env}
+        for e in user_env:
+            assert by_name[e["name"]] == e
+
+
+def test_a_worker_without_gpu_sees_none_and_keeps_the_runtimes_shm():
+    pod = pod_for()
+    assert env_of(pod)["NVIDIA_VISIBLE_DEVICES"] == {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
+    assert {name for name, _ in CPU_ENV_DEFAULTS} <= set(env_of(pod))
+    assert not {name for name, _ in GPU_ENV_DEFAULTS} & set(env_of(pod))
+    assert shm_of(pod) == ([], [])
+    assert pod["spec"]["containers"][0]["image"] == "img:default"
+
+
+def test_a_shm_the_user_mounts_replaces_the_operators():
+    pod = pod_for({**GPU, "podTemplate": {"spec": {
+        "volumes": [{"name": "myshm", "emptyDir": {"medium": "Memory"}}],
+        "containers": [{"volumeMounts": [{"name": "myshm", "mountPath": "/dev/shm"}]}]}}})
+    vols, mounts = shm_of(pod)
+    assert [v["name"] for v in vols] == ["myshm"] and len(mounts) == 1
 
 
 def test_pod_template_is_merged_but_cannot_override_the_contract():

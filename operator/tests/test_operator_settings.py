@@ -44,3 +44,14 @@ def test_an_instance_gets_its_own_lease():
     s = load_settings(["--instance", "canary"], environ={})
     assert s.instance == "canary" and s.lease_name == "cohort-operator-canary"
     assert load_settings(["--instance", "c", "--lease-name", "x"], environ={}).lease_name == "x"
+
+
+def test_gpu_pod_defaults_come_from_flags_or_env_and_the_shm_size_must_be_a_quantity():
+    s = load_settings([], environ={})
+    assert s.pod_defaults.cuda_image == "cohort-trainer:0.1.0-cuda" and s.pod_defaults.shm_size == "8Gi"
+    s = load_settings(["--gpu-shm-size", "16Gi"],
+                      environ={"COHORT_DEFAULT_CUDA_IMAGE": "reg/t:1-cuda", "COHORT_GPU_SHM_SIZE": "1Gi"})
+    assert s.pod_defaults.cuda_image == "reg/t:1-cuda" and s.pod_defaults.shm_size == "16Gi"
+    for bad in ("8GB", "0", "-1Gi"):
+        with pytest.raises(ValueError, match="gpu_shm_size"):
+            load_settings([f"--gpu-shm-size={bad}"], environ={})

@@ -118,7 +118,7 @@ class Executor:
     async def _create_pods(self, mem: JobMemory, job: dict[str, Any], spec: TrainingJobSpec, decision: Decision,
                            gang_fields: dict[str, Any]) -> list[str]:
         ns = mem.key[0]
-        pods = [build_worker_pod(job, spec, r.index, default_image=self.settings.default_image, gang=gang_fields,
+        pods = [build_worker_pod(job, spec, r.index, defaults=self.settings.pod_defaults, gang=gang_fields,
                                  replaces=r.replaces, avoid=list(r.avoid_nodes), placement=decision.placement)
                 for r in decision.create]
         results = await gather_limited([self.kube.create_if_absent(POD.path(ns), p) for p in pods],

@@ -8,6 +8,10 @@ Pure: a job dict and a few choices in, a Pod dict out. The reconciler decides
 - the checkpoint volume at ``checkpoint.path`` (emptyDir unless the spec names a
   volume; no mount at all for a URL such as ``s3://...``);
 - resources and scheduling fields passed through;
+- the device defaults (:data:`GPU_ENV_DEFAULTS`, :data:`CPU_ENV_DEFAULTS`): a
+  worker that asks for ``nvidia.com/gpu`` gets the CUDA image when
+  ``spec.image`` is empty, a memory-backed /dev/shm and NCCL's variables; one
+  that asks for none is told to see no GPU. The user's env overrides each;
 - the restricted Pod Security profile (non-root, no privilege escalation, drop
   ALL, seccomp RuntimeDefault);
 - the user's ``podTemplate`` fragment merged in (labels, annotations, env,
@@ -17,11 +21,12 @@ Pure: a job dict and a few choices in, a Pod dict out. The reconciler decides
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from cohort.api.models import TemplateContainer, TrainingJobSpec
-from cohort.api.schema import to_dict
+from cohort.api.models import GPU_RESOURCE, Resources, TemplateContainer, TrainingJobSpec
+from cohort.api.schema import quantity_value, to_dict
 
 from .naming import (
     ANNOTATION_INDEX,
@@ -45,6 +50,46 @@ CHECKPOINT_VOLUME = "cohort-checkpoints"
 # refuse to start such an image.
 SCRATCH_VOLUME = "scratch"
 DEFAULT_UID = 65532  # the images' user (images/*.Dockerfile)
+SHM_VOLUME = "cohort-shm"
+SHM_PATH = "/dev/shm"
+
+# The env a worker gets by default, by device: each is left out when the
+# user's podTemplate env names it (the user's value wins, and no name appears
+# twice). docs/contracts.md §2 lists them; keep the two together.
+GPU_ENV_DEFAULTS: tuple[tuple[str, str], ...] = (
+    # NCCL's warnings (a failed or aborted communicator, a transport fallback)
+    # reach the pod log; INFO would print every communicator's topology.
+    ("NCCL_DEBUG", "WARN"),
+    # The pod network's interface: the runtime names it eth0 for every CNI
+    # plugin (CNI_IFNAME), the local cluster's bridge included. Left to itself
+    # NCCL takes the first interface that is not lo or docker*, which on a
+    # multi-network pod (Multus, a storage NIC) may not reach the other pods.
+    ("NCCL_SOCKET_IFNAME", "eth0"),
+)
+CPU_ENV_DEFAULTS: tuple[tuple[str, str], ...] = (
+    # The CUDA image bakes NVIDIA_VISIBLE_DEVICES=all, and on a GPU node the
+    # NVIDIA runtime would then hand a pod that asked for no GPU every GPU of
+    # the node (NVIDIA/k8s-device-plugin#61); "void" gives it none.
+    ("NVIDIA_VISIBLE_DEVICES", "void"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class PodDefaults:
+    """What the operator's settings choose for a worker where the spec leaves it open."""
+
+    image: str
+    """Trainer image of a worker without a GPU when spec.image is empty."""
+    cuda_image: str
+    """Trainer image of a worker that asks for nvidia.com/gpu when spec.image is empty."""
+    shm_size: str
+    """sizeLimit of a GPU worker's memory-backed /dev/shm when spec.resources.shmSize is unset."""
+
+
+def asks_for_gpu(resources: Resources) -> bool:
+    """Whether a worker asks for ``nvidia.com/gpu`` (in its limits or requests, more than 0)."""
+    return any(quantity_value(q) > 0 for section in (resources.limits, resources.requests)
+               if (q := section.get(GPU_RESOURCE)) is not None)
 
 
 def _downward(field_path: str) -> dict[str, Any]:
@@ -69,6 +114,23 @@ def _merge_env(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list
     # job's world. Everything else the user adds is kept, in order.
     taken = {e["name"] for e in ours}
     return ours + [copy.deepcopy(e) for e in theirs if e.get("name") not in taken]
+
+
+def _env_defaults(env: list[dict[str, Any]], defaults: tuple[tuple[str, str], ...]) -> list[dict[str, Any]]:
+    taken = {e.get("name") for e in env}
+    return [{"name": name, "value": value} for name, value in defaults if name not in taken]
+
+
+def shm_mount(spec: TrainingJobSpec, default_size: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A GPU worker's /dev/shm (volume, volumeMount): memory-backed, as large as spec.resources.shmSize.
+
+    The container runtime's /dev/shm is 64 MiB: DataLoader worker processes hand
+    their batches over through it, and NCCL keeps shared-memory buffers there.
+    A Memory emptyDir counts against the pod's memory limit.
+    """
+    size = spec.resources.shm_size if spec.resources.shm_size is not None else default_size
+    return ({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": size}},
+            {"name": SHM_VOLUME, "mountPath": SHM_PATH})
 
 
 def _merge_named(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -109,7 +171,7 @@ def build_worker_pod(
     spec: TrainingJobSpec,
     index: int,
     *,
-    default_image: str,
+    defaults: PodDefaults,
     gang: Mapping[str, Any] | None = None,
     replaces: str = "",
     avoid: list[str] | None = None,
@@ -117,6 +179,8 @@ def build_worker_pod(
 ) -> dict[str, Any]:
     """The Pod for worker ``index`` of ``job``.
 
+    ``defaults`` are the operator's choices for what the spec leaves open
+    (image, /dev/shm size).
     ``placement`` adds the node labels and tolerations of the flavors Kueue
     admitted a queued job on (see :mod:`.kueue`).
     ``gang`` carries what the gang scheduler in use expects on each pod
@@ -128,6 +192,7 @@ def build_worker_pod(
     t_meta, t_spec = spec.pod_template.metadata, spec.pod_template.spec
     t_container = t_spec.containers[0] if t_spec.containers else TemplateContainer()
     gang = gang or {}
+    gpu = asks_for_gpu(spec.resources)
 
     labels = {**t_meta.labels, **(gang.get("labels") or {}), **worker_labels(name)}
     annotations = {**t_meta.annotations, **(gang.get("annotations") or {}), ANNOTATION_INDEX: str(index)}
@@ -143,15 +208,23 @@ def build_worker_pod(
     if ckpt:
         volumes.append(ckpt[0])
         mounts.append(ckpt[1])
+    # A /dev/shm the user mounts in the template is theirs (two mounts at one path are invalid).
+    if gpu and not any(m.get("mountPath") == SHM_PATH for m in t_container.volume_mounts):
+        shm = shm_mount(spec, defaults.shm_size)
+        volumes.append(shm[0])
+        mounts.append(shm[1])
     volumes = _merge_named(volumes, t_spec.volumes)
     mounts = _merge_named(mounts, t_container.volume_mounts)
 
+    env = _merge_env(contract_env(name), t_container.env)
+    env += _env_defaults(env, GPU_ENV_DEFAULTS if gpu else CPU_ENV_DEFAULTS)
+
     container: dict[str, Any] = {
         "name": CONTAINER,
-        "image": spec.image or default_image,
+        "image": spec.image or (defaults.cuda_image if gpu else defaults.image),
         "command": ["cohort-train"],
         "args": ["--config", CONFIG_PATH],
-        "env": _merge_env(contract_env(name), t_container.env),
+        "env": env,
         "ports": [
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
             {"name": "rendezvous", "containerPort": RDZV_PORT, "protocol": "TCP"},
@@ -162,7 +235,8 @@ def build_worker_pod(
             "httpGet": {"path": "/healthz", "port": "metrics"},
             "periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 3,
         },
-        "resources": {k: v for k, v in to_dict(spec.resources).items() if v},  # only what the user set
+        # Only what the user set, and only core/v1 ResourceRequirements' fields (shmSize is the volume's).
+        "resources": {k: v for k, v in to_dict(spec.resources).items() if v and k in ("limits", "requests", "claims")},
         "volumeMounts": mounts,
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "FallbackToLogsOnError",

@@ -233,7 +233,7 @@ class Reconciler:
                                        (status.replicas.admitted or 0) if queued_now else None)
         holding = sum(1 for v in inputs.pods if v.owned and not (v.failed or v.succeeded))
         final = next((c for c in status.conditions if c.type == status.phase and c.status == "True"), None)
-        template_pod = build_worker_pod(job, spec, 0, default_image=self.settings.default_image)
+        template_pod = build_worker_pod(job, spec, 0, defaults=self.settings.pod_defaults)
         template = {"metadata": {"labels": template_pod["metadata"]["labels"]}, "spec": template_pod["spec"]}
         actions = plan_workloads(job, spec, slices, template, phase=status.phase,
                                  finish_reason=final.reason if final else "", finish_message=final.message if final else "",

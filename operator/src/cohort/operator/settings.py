@@ -14,7 +14,12 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cohort.api.schema import quantity_value
+
+from .pods import PodDefaults
+
 DEFAULT_IMAGE = "cohort-trainer:0.1.0"  # built from images/; charts set the registry
+DEFAULT_CUDA_IMAGE = "cohort-trainer:0.1.0-cuda"  # images/trainer-cuda.Dockerfile: the CPU tag plus -cuda
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,7 +30,11 @@ class Settings:
     """Handle only TrainingJobs labelled cohort.dev/operator=<instance>; empty: only jobs without that label.
     Lets a second operator (a canary, a test) run beside the main one without both acting on a job."""
     default_image: str = DEFAULT_IMAGE
-    """Trainer image for jobs whose spec.image is empty."""
+    """Trainer image for jobs whose spec.image is empty and whose workers ask for no nvidia.com/gpu."""
+    default_cuda_image: str = DEFAULT_CUDA_IMAGE
+    """Trainer image for jobs whose spec.image is empty and whose workers ask for nvidia.com/gpu."""
+    gpu_shm_size: str = "8Gi"
+    """Size of a GPU worker's memory-backed /dev/shm when spec.resources.shmSize is unset (a Quantity)."""
     resync_s: float = 300.0
     """Every job is reconciled at least this often, events or not (watches and timers do the rest)."""
     progress_s: float = 10.0
@@ -62,6 +71,12 @@ class Settings:
     def clusterwide(self) -> bool:
         return not self.namespaces
 
+    @property
+    def pod_defaults(self) -> PodDefaults:
+        """What worker pods get where their job's spec leaves it open."""
+        return PodDefaults(image=self.default_image, cuda_image=self.default_cuda_image,
+                           shm_size=self.gpu_shm_size)
+
 
 # (field, flag, env var, type): the single list the parser and docs/operator.md use;
 # the help text is the docstring under the field.
@@ -69,6 +84,8 @@ OPTIONS: tuple[tuple[str, str, str, type], ...] = (
     ("namespaces", "--namespace", "COHORT_NAMESPACES", str),
     ("instance", "--instance", "COHORT_INSTANCE", str),
     ("default_image", "--default-image", "COHORT_DEFAULT_IMAGE", str),
+    ("default_cuda_image", "--default-cuda-image", "COHORT_DEFAULT_CUDA_IMAGE", str),
+    ("gpu_shm_size", "--gpu-shm-size", "COHORT_GPU_SHM_SIZE", str),
     ("resync_s", "--resync-seconds", "COHORT_RESYNC_SECONDS", float),
     ("progress_s", "--progress-seconds", "COHORT_PROGRESS_SECONDS", float),
     ("max_concurrent_reconciles", "--max-concurrent-reconciles", "COHORT_MAX_CONCURRENT_RECONCILES", int),
@@ -164,4 +181,10 @@ def load_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] 
     for name in ("max_concurrent_reconciles", "api_concurrency"):
         if getattr(settings, name) < 1:
             raise ValueError(f"{name} must be >= 1")
+    try:
+        shm_ok = quantity_value(settings.gpu_shm_size) > 0
+    except ValueError:
+        shm_ok = False
+    if not shm_ok:
+        raise ValueError(f"gpu_shm_size must be a positive quantity such as 8Gi, not {settings.gpu_shm_size!r}")
     return settings
