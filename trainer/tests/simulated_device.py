@@ -34,6 +34,7 @@ the wrapped host tensor. Nothing else of torch is changed.
 from __future__ import annotations
 
 import contextlib
+import copy
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -173,6 +174,18 @@ class Sim(torch.Tensor):
 
     def __repr__(self) -> str:  # type: ignore[override]
         return f"Sim({self.elem!r})"
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Sim:
+        """A copy of the data and of the attributes (a parameter's ``_is_param``): torch's own deepcopy
+        clones the storage, which a wrapper subclass does not have."""
+        out = Sim(self.elem.detach().clone())
+        if self.requires_grad:
+            out.requires_grad_(True)
+        memo[id(self)] = out
+        for k, v in self.__dict__.items():
+            if k != "elem":
+                setattr(out, k, copy.deepcopy(v, memo))
+        return out
 
     def tolist(self) -> Any:  # a device-to-host read, as on CUDA (not dispatched, so served here)
         return self.elem.tolist()

@@ -9,6 +9,14 @@ in its place if it holds one (``replicas.spares``, as the operator does), and,
 unless told not to, starts a replacement that joins (or waits as a spare) when
 ready. It shows live progress and ends with a summary, which lists when each
 world was published (``worlds``: wall-clock times, for benchmarks).
+
+On a machine with a GPU the workers share it: the launcher sets no
+``LOCAL_RANK``, so each worker takes ``cuda:0`` (runtime/device.py), and NCCL
+refuses two ranks of one communicator on one GPU unless told otherwise. The
+launcher tells it (``nccl_sharing_env``): ``NCCL_MULTI_RANK_GPU_ENABLE=1`` from
+NCCL 2.30 on, else a distinct ``NCCL_HOSTID`` per worker (NCCL then takes the
+ranks for separate hosts and connects them over loopback sockets). Ranks that
+share a GPU time-slice it: their throughput is a lower bound, not a benchmark.
 """
 
 from __future__ import annotations
@@ -17,12 +25,14 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -72,6 +82,8 @@ class LocalRun:
         self.t0 = time.monotonic()
         if self.spares is None:
             self.spares = self.cfg.spec.replicas.spares
+        self.gpus, self.nccl_version = local_cuda({**os.environ, **self.extra_env})
+        self.sharing_told = False
 
     # --- processes -----------------------------------------------------------------
     def _spawn(self) -> Worker:
@@ -84,6 +96,15 @@ class LocalRun:
                "COHORT_CONFIG": str(self.config_path), "COHORT_TERMINATION_LOG": str(term_path),
                "COHORT_PATH_MAP": json.dumps({self.cfg.spec.checkpoint.path: str(self.checkpoint_dir)}),
                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **self.extra_env}
+        # Every worker takes cuda:0 (no LOCAL_RANK), so on a GPU machine they all share one GPU.
+        sharing = nccl_sharing_env(self.workers + (self.spares or 0), min(self.gpus, 1), self.nccl_version,
+                                   name, env)
+        env.update(sharing)
+        if sharing and not self.sharing_told:
+            self.sharing_told = True
+            told = " ".join(f"{k}={v}" for k, v in sharing.items() if k != "NCCL_HOSTID")
+            told += " NCCL_HOSTID=<worker name>" if "NCCL_HOSTID" in sharing else ""
+            self._say(f"the workers share one GPU (NCCL {'.'.join(map(str, self.nccl_version or ()))}):{told}")
         log_file = open(log_path, "w")  # noqa: SIM115 - owned by the child for its lifetime
         proc = subprocess.Popen([sys.executable, "-m", "cohort.trainer.cli", "train", "--config",
                                  str(self.config_path)], env=env, stdout=log_file, stderr=subprocess.STDOUT,
@@ -238,6 +259,67 @@ class LocalRun:
 
     def _say(self, text: str) -> None:
         print(f"[cohort {time.monotonic() - self.t0:6.1f}s] {text}", file=self.out, flush=True)
+
+
+def nccl_sharing_env(workers: int, gpus: int, nccl_version: tuple[int, ...] | None, worker: str,
+                     env: Mapping[str, str]) -> dict[str, str]:
+    """What NCCL needs in ``worker``'s environment when ``workers`` local workers share ``gpus`` GPUs.
+
+    Nothing when each worker has a GPU of its own, when there is no GPU or no NCCL, when the
+    workers will not use NCCL (``COHORT_DEVICE`` other than cuda, a ``COHORT_PG_BACKEND`` without
+    nccl), or when the user already chose (either variable set). Otherwise, from NCCL 2.30 on, its
+    opt-in for several ranks on one GPU; below, a host id of the worker's own, so that NCCL takes
+    the ranks for separate hosts instead of refusing a "duplicate GPU" (NVIDIA/nccl src/init.cc),
+    and loopback for the sockets those "hosts" then talk over, unless an interface was chosen.
+    """
+    if gpus < 1 or workers <= gpus or not nccl_version:
+        return {}
+    if (env.get("COHORT_DEVICE") or "cuda") != "cuda":
+        return {}
+    backend = env.get("COHORT_PG_BACKEND", "")
+    if backend and "nccl" not in backend:
+        return {}
+    if "NCCL_MULTI_RANK_GPU_ENABLE" in env or "NCCL_HOSTID" in env:
+        return {}
+    if tuple(nccl_version[:2]) >= (2, 30):
+        return {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}
+    out = {"NCCL_HOSTID": worker}
+    if "NCCL_SOCKET_IFNAME" not in env:
+        out["NCCL_SOCKET_IFNAME"] = "lo"
+    return out
+
+
+def local_cuda(env: Mapping[str, str]) -> tuple[int, tuple[int, ...] | None]:
+    """(GPUs the workers will see, NCCL's version) on this machine; (0, None) without a GPU.
+
+    torch is imported only where an NVIDIA driver is present (most local runs are on CPU hosts,
+    where the launcher would pay a second or two for nothing) and the workers may use CUDA.
+    """
+    if env.get("COHORT_DEVICE", "") not in ("", "cuda"):
+        return 0, None
+    if not (shutil.which("nvidia-smi") or os.path.exists("/dev/nvidiactl")
+            or os.path.exists("/proc/driver/nvidia/version")):
+        return 0, None
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return 0, None
+        gpus = torch.cuda.device_count()
+        raw: Any = torch.cuda.nccl.version() if torch.distributed.is_nccl_available() else None
+    except Exception:  # a broken driver or torch: the workers will say so themselves
+        return 0, None
+    return gpus, nccl_version_tuple(raw)
+
+
+def nccl_version_tuple(raw: Any) -> tuple[int, ...] | None:
+    """``torch.cuda.nccl.version()`` as (major, minor, patch): a tuple in today's torch, an int in older
+    ones (major*10000 + minor*100 + patch since NCCL 2.9, major*1000 + minor*100 + patch before)."""
+    if not raw:
+        return None
+    if isinstance(raw, int):
+        return (raw // 10000, raw // 100 % 100, raw % 100) if raw >= 10000 else (raw // 1000, raw // 100 % 10, raw % 100)
+    return tuple(int(v) for v in raw)
 
 
 def _tail(path: Path, n: int) -> str:

@@ -11,6 +11,7 @@ optimizer and data position in memory.
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import math
 import os
@@ -214,7 +215,7 @@ class Trainer:
         logmod.context.update(rank=rank, world_version=world.version)
         self.metrics.update_progress(state="recovering" if self.joined else "joining")
         if self.static and not dist.is_initialized():
-            dist.init_process_group(backend_for(self.device),
+            dist.init_process_group(backend_for(self.device), timeout=datetime.timedelta(seconds=self.rdzv.timeout_s),
                                     device_id=self.device if self.device.type == "cuda" else None)
         else:
             self.rdzv.join(world, rank, is_newer=lambda: self._latest_version() > world.version)

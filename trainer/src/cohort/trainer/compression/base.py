@@ -71,6 +71,17 @@ def generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def shared_uniform(n: int, seed: int, device: torch.device) -> torch.Tensor:
+    """n uniform draws that every rank reproduces from ``seed``: drawn by a CPU generator (the same
+    stream on any device, and a receiver on another device draws the same), then moved to ``device``."""
+    return torch.rand(n, generator=generator(seed)).to(device)
+
+
+def shared_permutation(n: int, seed: int, device: torch.device) -> torch.Tensor:
+    """A permutation of 0..n-1 that every rank reproduces from ``seed`` (as :func:`shared_uniform`)."""
+    return torch.randperm(n, generator=generator(seed)).to(device)
+
+
 class Memory(Protocol):
     """Local state per key (DDP bucket) around a compressor: ErrorFeedback has this interface."""
 
@@ -218,14 +229,14 @@ def compressed_allgather_hook(state: CompressedAllgather, bucket: dist.GradBucke
         ef.update(key, x, mine)
     size = payload.numel()
     ctx.stats.record(allgather_bytes(size, world), size, 4 * n)
-    gathered = torch.empty(world * size, dtype=torch.uint8)
+    gathered = payload.new_empty(world * size)
     fut = dist.all_gather_into_tensor(gathered, payload, group=ctx.group, async_op=True).get_future()
     if bucket.is_last():
         state.step += 1
 
     def average(f: torch.futures.Future[Any]) -> torch.Tensor:
         f.value()  # re-raises if the allgather failed (a peer left)
-        total = torch.zeros(n)
+        total = grad.new_zeros(n, dtype=torch.float32)
         for r in range(world):  # in rank order on every rank: the ranks' sums agree bit for bit
             total += mine if r == ctx.rank else comp.decode(gathered[r * size:(r + 1) * size], n, seeds[r])
         grad.copy_(comp.combine(total, world))

@@ -70,7 +70,9 @@ class CyclicTopKState(TopKBuckets):
 def leaders_indices(x: torch.Tensor, select: Callable[[torch.Tensor], torch.Tensor], k: int, lead: int, rank: int,
                     group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """The k indices ``select`` picks from the leader's ``x``, on every rank (a broadcast of int32)."""
-    idx = select(x).to(torch.int32) if rank == lead else torch.empty(k, dtype=torch.int32)
+    # On the device on every rank: a broadcast whose ranks pass tensors of different devices would take
+    # different backends (NCCL on the leader, gloo elsewhere) and hang.
+    idx = select(x).to(torch.int32) if rank == lead else torch.empty(k, dtype=torch.int32, device=x.device)
     dist.broadcast(idx, src=lead if group is None else dist.get_global_rank(group, lead), group=group)
     return idx.to(torch.int64)
 
@@ -84,7 +86,7 @@ def cyclic_topk_hook(state: CyclicTopKState, bucket: dist.GradBucket) -> torch.f
     values = x[chosen]
     state.keep_unsent(bucket, x, chosen, values)
     dist.all_reduce(values, group=ctx.group)
-    total = torch.zeros(grad.numel()).index_put_((chosen,), values)
+    total = values.new_zeros(grad.numel()).index_put_((chosen,), values)
     return state.finish(bucket, total, cyclic_wire_bytes(k, world), 8 * k)
 
 

@@ -68,14 +68,14 @@ def global_topk_allreduce(indices: torch.Tensor, values: torch.Tensor, numel: in
     share = sparse_reduce_scatter(indices, values, numel, rank, world, group)
     m = per_rank(k, world)
     top = torch.topk(share.summed.abs(), min(m, share.summed.numel()), sorted=False).indices
-    words = torch.full((2 * m,), -1, dtype=torch.int32)  # unused pairs: index -1
+    words = torch.full((2 * m,), -1, dtype=torch.int32, device=values.device)  # unused pairs: index -1
     words[:2 * top.numel()] = pack_pairs(top * world + rank, share.summed[top])
-    gathered = torch.empty(world * 2 * m, dtype=torch.int32)
+    gathered = words.new_empty(world * 2 * m)
     dist.all_gather_into_tensor(gathered, words, group=group)
     idx, val = unpack_pairs(gathered)
     used = idx >= 0
     idx, val = idx[used], val[used]
-    total = torch.zeros(numel).index_put_((idx,), val)
+    total = val.new_zeros(numel).index_put_((idx,), val)
     return Selected(total, idx, share.wire_bytes + allgather_bytes(8 * m, world))
 
 

@@ -15,6 +15,11 @@ import torch
 _BYTE_SHIFTS = torch.arange(8, dtype=torch.uint8)
 
 
+def _arange(n: int, like: torch.Tensor, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """0..n-1 on ``like``'s device (bit shifts for a payload on a GPU are computed there)."""
+    return torch.arange(n, dtype=dtype, device=like.device)
+
+
 def packed_nbytes(numel: int, bits: int) -> int:
     return (numel * bits + 7) // 8
 
@@ -36,16 +41,16 @@ def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
         # Fast path: a group of codes becomes one int64 word, then its bytes.
         pad = (-n) % group
         words = torch.cat([codes, codes.new_zeros(pad)]).view(-1, group)
-        words = (words << (torch.arange(group, dtype=torch.int64) * bits)).sum(1, keepdim=True)
+        words = (words << (_arange(group, codes) * bits)).sum(1, keepdim=True)
         nbytes = group * bits // 8
-        out = ((words >> (torch.arange(nbytes, dtype=torch.int64) * 8)) & 0xFF).to(torch.uint8).reshape(-1)
+        out = ((words >> (_arange(nbytes, codes) * 8)) & 0xFF).to(torch.uint8).reshape(-1)
         return out[: packed_nbytes(n, bits)]
-    shifts = torch.arange(bits, dtype=torch.int64)
+    shifts = _arange(bits, codes)
     flat = ((codes.unsqueeze(1) >> shifts) & 1).to(torch.uint8).reshape(-1)
     pad = (-flat.numel()) % 8
     if pad:
         flat = torch.cat([flat, flat.new_zeros(pad)])
-    return (flat.view(-1, 8) << _BYTE_SHIFTS).sum(1, dtype=torch.uint8)
+    return (flat.view(-1, 8) << _BYTE_SHIFTS.to(flat.device)).sum(1, dtype=torch.uint8)
 
 
 def unpack_bits(packed: torch.Tensor, numel: int, bits: int) -> torch.Tensor:
@@ -58,11 +63,11 @@ def unpack_bits(packed: torch.Tensor, numel: int, bits: int) -> torch.Tensor:
         nbytes = group * bits // 8
         pad = (-packed.numel()) % nbytes
         raw = torch.cat([packed, packed.new_zeros(pad)]).to(torch.int64).view(-1, nbytes)
-        words = (raw << (torch.arange(nbytes, dtype=torch.int64) * 8)).sum(1, keepdim=True)
-        codes = (words >> (torch.arange(group, dtype=torch.int64) * bits)) & ((1 << bits) - 1)
+        words = (raw << (_arange(nbytes, raw) * 8)).sum(1, keepdim=True)
+        codes = (words >> (_arange(group, raw) * bits)) & ((1 << bits) - 1)
         return codes.reshape(-1)[:numel].to(torch.int32)
-    flat = ((packed.unsqueeze(1) >> _BYTE_SHIFTS) & 1).reshape(-1)[: numel * bits]
-    shifts = torch.arange(bits, dtype=torch.int32)
+    flat = ((packed.unsqueeze(1) >> _BYTE_SHIFTS.to(packed.device)) & 1).reshape(-1)[: numel * bits]
+    shifts = _arange(bits, packed, torch.int32)
     return (flat.view(numel, bits).to(torch.int32) << shifts).sum(1, dtype=torch.int32)
 
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .base import Compressor, generator
+from .base import Compressor, shared_uniform
 from .packing import Reader, pack_bits, pack_floats, packed_nbytes, unpack_bits, unpack_floats
 
 
@@ -96,7 +96,7 @@ class QSGD(Compressor):
         usable = (norms > 0) & torch.isfinite(norms)
         r = rows.abs() * (s / torch.where(usable, norms, 1.0)).unsqueeze(1)
         low = r.floor()
-        up = as_rows(torch.rand(n, generator=generator(seed)), self.config.chunk_size) < (r - low)
+        up = as_rows(shared_uniform(n, seed, x.device), self.config.chunk_size) < (r - low)
         levels = torch.where(usable.unsqueeze(1), (low + up).clamp_(max=s), 0.0)
         codes = _flat(levels, n).to(torch.int32) | ((x < 0).to(torch.int32) << self.level_bits)
         shrink = 1.0 + self.variance_factor(n) if self.config.contractive else 1.0
@@ -133,10 +133,10 @@ class TernGrad(Compressor):
     def encode(self, x: torch.Tensor, seed: int) -> torch.Tensor:
         n = x.numel()
         rows = as_rows(x, self.config.chunk_size)
-        peaks = rows.abs().amax(dim=1) if n else torch.zeros(rows.shape[0])
+        peaks = rows.abs().amax(dim=1) if n else rows.new_zeros(rows.shape[0])
         usable = (peaks > 0) & torch.isfinite(peaks)
         p = rows.abs() / torch.where(usable, peaks, 1.0).unsqueeze(1)
-        keep = (as_rows(torch.rand(n, generator=generator(seed)), self.config.chunk_size) < p) & usable.unsqueeze(1)
+        keep = (as_rows(shared_uniform(n, seed, x.device), self.config.chunk_size) < p) & usable.unsqueeze(1)
         codes = _flat(keep, n).to(torch.int32) * torch.where(x < 0, 2, 1)  # 0: zero, 1: +scale, 2: -scale
         scales = torch.where(usable, peaks, 0.0)
         if self.config.contractive:
@@ -172,7 +172,7 @@ class Natural(Compressor):
     def encode(self, x: torch.Tensor, seed: int) -> torch.Tensor:
         a = x.abs()
         mantissa, exponent = torch.frexp(a)  # a = mantissa * 2^exponent, mantissa in [0.5, 1)
-        u = torch.rand(x.numel(), generator=generator(seed))
+        u = shared_uniform(x.numel(), seed, x.device)
         # 2^(exponent-1) <= a < 2^exponent: up with probability a / 2^(exponent-1) - 1 = 2 * mantissa - 1.
         biased_exp = exponent.to(torch.int32) + 126 + (u < 2 * mantissa - 1).to(torch.int32)
         tiny = a < 2.0**-126  # zero and fp32's subnormals: round to 0 or 2^-126 (code 1)
@@ -182,5 +182,5 @@ class Natural(Compressor):
     def decode(self, payload: torch.Tensor, numel: int, seed: int) -> torch.Tensor:
         codes = unpack_bits(payload, numel, self.CODE_BITS)
         biased_exp = codes & 0xFF
-        magnitude = torch.where(biased_exp > 0, torch.ldexp(torch.ones(numel), biased_exp - 127), 0.0)
+        magnitude = torch.where(biased_exp > 0, torch.ldexp(torch.ones(numel, device=codes.device), biased_exp - 127), 0.0)
         return torch.where(codes >= 256, -magnitude, magnitude)

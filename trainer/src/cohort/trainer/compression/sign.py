@@ -46,7 +46,7 @@ class ScaledSign(Compressor):
         return 4 + packed_nbytes(numel, 1)
 
     def encode(self, x: torch.Tensor, seed: int) -> torch.Tensor:
-        scale = x.abs().mean() if x.numel() else torch.zeros(())
+        scale = x.abs().mean() if x.numel() else x.new_zeros(())
         return torch.cat([pack_floats(scale.reshape(1)), pack_bits((x >= 0).to(torch.int32), 1)])
 
     def decode(self, payload: torch.Tensor, numel: int, seed: int) -> torch.Tensor:
@@ -76,7 +76,7 @@ class OneBit(Compressor):
     def encode(self, x: torch.Tensor, seed: int) -> torch.Tensor:
         n, d = x.numel(), self.config.chunk_size
         rows = as_rows(x, d)
-        real = as_rows(torch.ones(n, dtype=torch.bool), d)  # the padding of the last chunk counts on neither side
+        real = as_rows(torch.ones(n, dtype=torch.bool, device=x.device), d)  # the padding of the last chunk counts on neither side
         negative = rows < 0
         positive = ~negative & real
         means = [(rows * side).sum(1) / side.sum(1).clamp(min=1) for side in (positive, negative)]

@@ -81,13 +81,13 @@ def sparse_reduce_scatter(indices: torch.Tensor, values: torch.Tensor, numel: in
     order = torch.argsort(owner, stable=True)
     indices, values = indices[order], values[order]
     send_counts = (2 * torch.bincount(owner, minlength=world)).tolist()  # int32 words per destination
-    counts = torch.tensor(send_counts, dtype=torch.int64)
+    counts = torch.tensor(send_counts, dtype=torch.int64)  # host metadata: over gloo on a GPU too
     recv_counts = torch.empty(world, dtype=torch.int64)
     dist.all_to_all_single(recv_counts, counts, group=group)
-    received = torch.empty(int(recv_counts.sum()), dtype=torch.int32)
+    received = torch.empty(int(recv_counts.sum()), dtype=torch.int32, device=values.device)
     dist.all_to_all_single(received, pack_pairs(indices, values), output_split_sizes=recv_counts.tolist(),
                            input_split_sizes=send_counts, group=group)
-    mine = torch.zeros(owned(numel, world, rank))
+    mine = values.new_zeros(owned(numel, world, rank))
     got_idx, got_val = unpack_pairs(received)
     mine.index_add_(0, got_idx // world, got_val)  # in source-rank order: only this rank sums its share
     words_out = sum(send_counts) - send_counts[rank]
@@ -102,17 +102,17 @@ def sparse_allreduce(indices: torch.Tensor, values: torch.Tensor, numel: int, ra
     nonzero = mine.nonzero().flatten()
     dense = 4 * mine.numel() <= 8 * nonzero.numel()
     block = mine.view(torch.int32) if dense else pack_pairs(nonzero, mine[nonzero])
-    header = torch.tensor([block.numel(), int(dense)], dtype=torch.int64)
+    header = torch.tensor([block.numel(), int(dense)], dtype=torch.int64)  # host metadata
     headers = torch.empty(2 * world, dtype=torch.int64)
     dist.all_gather_into_tensor(headers, header, group=group)
     sizes, dense_flags = headers.view(world, 2)[:, 0].tolist(), headers.view(world, 2)[:, 1].tolist()
     out_sizes = [0 if j == rank else sizes[j] for j in range(world)]
     in_sizes = [0 if j == rank else block.numel() for j in range(world)]
-    blocks = torch.empty(sum(out_sizes), dtype=torch.int32)
+    blocks = block.new_empty(sum(out_sizes))
     dist.all_to_all_single(blocks, block.repeat(world - 1), output_split_sizes=out_sizes,
                            input_split_sizes=in_sizes, group=group)
 
-    total = torch.zeros(numel)
+    total = mine.new_zeros(numel)
     total[rank::world] = mine
     for j, part in zip(range(world), blocks.split(out_sizes), strict=True):
         if j == rank:

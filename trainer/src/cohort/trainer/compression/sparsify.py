@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from ..sync.base import SyncContext
-from .base import Compressor, generator, kept
+from .base import Compressor, kept, shared_permutation
 from .cyclic_topk import cyclic_hook
 from .error_feedback import ErrorFeedback
 from .global_topk import global_hook
@@ -90,7 +90,7 @@ class TopK(Compressor):
                 part = x[offset:offset + n].abs()
                 picks.append(torch.topk(part, kept(n, self.config.ratio), sorted=False).indices + offset)
             offset += n
-        return torch.cat(picks) if picks else torch.zeros(0, dtype=torch.int64)
+        return torch.cat(picks) if picks else torch.zeros(0, dtype=torch.int64, device=x.device)
 
     def encode(self, x: torch.Tensor, seed: int) -> torch.Tensor:
         idx = self.select(x)
@@ -98,7 +98,7 @@ class TopK(Compressor):
 
     def decode(self, payload: torch.Tensor, numel: int, seed: int) -> torch.Tensor:
         idx, values = unpack_sparse(payload, self.count(numel))
-        return torch.zeros(numel).index_put_((idx,), values)
+        return values.new_zeros(numel).index_put_((idx,), values)
 
     def consensus_step(self) -> float:
         return 0.05
@@ -119,18 +119,18 @@ class RandomK(Compressor):
     def payload_nbytes(self, numel: int) -> int:
         return 4 * kept(numel, self.config.ratio)
 
-    def indices(self, numel: int, seed: int) -> torch.Tensor:
-        return torch.randperm(numel, generator=generator(seed))[: kept(numel, self.config.ratio)]
+    def indices(self, numel: int, seed: int, device: torch.device) -> torch.Tensor:
+        return shared_permutation(numel, seed, device)[: kept(numel, self.config.ratio)]
 
     def _scale(self, numel: int) -> float:
         return 1.0 if self.config.contractive else numel / kept(numel, self.config.ratio)
 
     def encode(self, x: torch.Tensor, seed: int) -> torch.Tensor:
-        return pack_floats(x[self.indices(x.numel(), seed)])
+        return pack_floats(x[self.indices(x.numel(), seed, x.device)])
 
     def decode(self, payload: torch.Tensor, numel: int, seed: int) -> torch.Tensor:
         values = unpack_floats(payload) * self._scale(numel)
-        return torch.zeros(numel).index_put_((self.indices(numel, seed),), values)
+        return values.new_zeros(numel).index_put_((self.indices(numel, seed, payload.device),), values)
 
     def consensus_step(self) -> float:
         return min(1.0, 0.5 * self.config.ratio)
@@ -159,16 +159,16 @@ class Threshold(Compressor):
         k = self.capacity(x.numel())
         magnitudes, idx = torch.topk(x.abs(), k, sorted=True)  # the k largest, largest first
         count = int((magnitudes >= self.config.threshold).sum())  # a prefix: the entries at or above it
-        values = torch.zeros(k)
+        values = x.new_zeros(k)
         values[:count] = x[idx[:count]]
         idx[count:] = 0
-        return torch.cat([torch.tensor([count], dtype=torch.int32).view(torch.uint8), pack_sparse(idx, values)])
+        return torch.cat([x.new_tensor([count], dtype=torch.int32).view(torch.uint8), pack_sparse(idx, values)])
 
     def decode(self, payload: torch.Tensor, numel: int, seed: int) -> torch.Tensor:
         rd = Reader(payload)
         count = int(rd.take(4).clone().view(torch.int32)[0])
         idx, values = unpack_sparse(rd.take(8 * self.capacity(numel)), self.capacity(numel))
-        return torch.zeros(numel).index_put_((idx[:count],), values[:count])
+        return values.new_zeros(numel).index_put_((idx[:count],), values[:count])
 
 
 __all__ = ["RandomK", "Threshold", "TopK"]

@@ -95,16 +95,16 @@ class GossipSync(Sync):
             self._compute_s = statistics.median(self._computes)
         if self.ctx.world_size > 1 and step % self.period == 0:
             x = parameters_to_vector(model.parameters()).detach()
-            self._round(self._exchange([p.numel() for p in model.parameters()]), x, step)
+            self._round(self._exchange([p.numel() for p in model.parameters()], x.device), x, step)
             vector_to_parameters(x, model.parameters())
             self.rounds += 1
         self._left_at = time.perf_counter()
 
-    def _exchange(self, sizes: list[int]) -> PeerExchange:
+    def _exchange(self, sizes: list[int], device: torch.device) -> PeerExchange:
         if self.exchange is None:
             peers = topology.peers(self.topology, self.ctx.rank, self.ctx.world_size)
             self.exchange = PeerExchange(self.ctx.rank, peers, sum(sizes), self.codec.layout(sizes), self.ctx.stats,
-                                         self.seed, self.ctx.group)
+                                         self.seed, self.ctx.group, device)
         return self.exchange
 
     def _round(self, ex: PeerExchange, x: torch.Tensor, step: int) -> None:

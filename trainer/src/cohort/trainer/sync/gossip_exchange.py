@@ -16,6 +16,18 @@ its copies are exactly the ones the other end sees when it completes the same
 exchange: the consensus steps the two ends take are equal and opposite, and the
 sum of all replicas is preserved even though ranks run at different speeds.
 
+Messages travel through host memory over gloo, on a GPU too: the compressed
+difference is computed on the device, copied into a host message (header and
+payload), and a received message is copied back to the device, where it is
+decoded. Gloo, not NCCL, because the exchange is asynchronous and unmatched
+by design (a rank posts a receive from a peer and sends to it in whatever
+order the protocol's credits allow, and polls for completion): NCCL's
+point-to-point operations are stream-ordered, so a receive posted before the
+matching send on the same pair blocks that send behind it unless both are
+grouped, which a polled protocol cannot promise (NCCL's user guide, p2p). The
+copies cost two transfers of a compressed payload per message, small beside
+the network hop.
+
 Nothing here blocks on a slow peer: receives are posted ahead and polled.
 Gloo's point-to-point Work reports completion only from inside ``wait()`` (and
 has no future), so a daemon thread waits on each one (``Pending``);
@@ -90,8 +102,10 @@ class Link:
 
 class PeerExchange:
     def __init__(self, rank: int, peers: list[int], numel: int, codec: Compressor, stats: CommStats,
-                 seed: int, group: dist.ProcessGroup | None = None):
+                 seed: int, group: dist.ProcessGroup | None = None, device: torch.device | None = None):
         self.rank, self.numel, self.codec, self.stats, self.seed, self.group = rank, numel, codec, stats, seed, group
+        self.device = device or torch.device("cpu")  # where the parameters and the public copies live
+        self._pinned = self.device.type == "cuda"
         self.links = {p: Link(p) for p in peers}
         self._sends: list[tuple[Pending, torch.Tensor]] = []
         self._arrival = threading.Event()  # set whenever any receive completes
@@ -115,7 +129,7 @@ class PeerExchange:
             link.mine += q
         header = torch.cat([torch.tensor([step], dtype=torch.int64).view(torch.uint8),
                             torch.tensor([compute_s], dtype=torch.float64).view(torch.uint8)])
-        msg = torch.cat([header, payload])
+        msg = torch.cat([header, payload.cpu()])  # the message is staged in host memory (gloo)
         self._sends.append((Pending(dist.isend(msg, dst=link.peer, group=self.group)), msg))
         link.sent += 1
         self.stats.record(msg.numel(), payload.numel(), 4 * self.numel)
@@ -132,7 +146,7 @@ class PeerExchange:
     def post(self, link: Link) -> None:
         """Have a receive waiting for the peer's next message."""
         if link.recv is None:
-            link.recv_buf = torch.empty(self.message_nbytes(link.received), dtype=torch.uint8)
+            link.recv_buf = torch.empty(self.message_nbytes(link.received), dtype=torch.uint8, pin_memory=self._pinned)
             link.recv = Pending(dist.irecv(link.recv_buf, src=link.peer, group=self.group), self._arrival)
 
     def arrived(self, link: Link) -> bool:
@@ -145,7 +159,7 @@ class PeerExchange:
         msg, link.recv, link.recv_buf = link.recv_buf, None, None
         link.peer_step = int(msg[:8].view(torch.int64)[0])
         link.peer_compute_s = float(msg[8:16].view(torch.float64)[0])
-        payload = msg[HEADER_BYTES:]
+        payload = msg[HEADER_BYTES:].to(self.device, non_blocking=True)
         if link.received == 0:
             link.theirs = unpack_floats(payload).clone()
         else:
