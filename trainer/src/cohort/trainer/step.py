@@ -64,7 +64,7 @@ class StepRunner:
         stats.clock = self.clock.mark
 
     def run(self, plan: Plan, optimizer: torch.optim.Optimizer, fetch: Callable[[], tuple[torch.Tensor, torch.Tensor]],
-            loss_fn: LossFn, micro: MicroBatching, before_update: Callable[[], None], step: int,
+            loss_fn: LossFn, micro: MicroBatching, before_update: Callable[[], object], step: int,
             slow_down: Callable[[float], float] = lambda s: 0.0) -> StepResult:
         """One step: this rank's batch (``fetch``: host tensors), its gradients synchronised and applied;
         ``step`` is the number of the step this completes. ``slow_down`` is fault injection's straggler."""
