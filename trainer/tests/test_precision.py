@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from cohort.api.jobconfig import from_manifest
+from cohort.trainer.optim import build_optimizer
 from cohort.trainer.parallel.base import PlanContext
 from cohort.trainer.parallel.registry import PARALLELISMS
 from cohort.trainer.step import MicroBatching, StepRunner
 from cohort.trainer.sync.base import CommStats
-from cohort.trainer.trainer import build_optimizer
 from cohort.trainer.workloads.workload import build_workload
 
 

@@ -9,8 +9,8 @@ import torch
 from tests.support.specs import with_workload
 
 from cohort.api import TrainingJobSpec, parse
+from cohort.trainer.optim import decay, lr_at
 from cohort.trainer.parallel.clip import clip_grad_norm
-from cohort.trainer.trainer import decay, lr_at
 
 
 def spec(**optimizer) -> TrainingJobSpec:
