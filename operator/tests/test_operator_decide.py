@@ -348,3 +348,13 @@ def test_rank0_success_wins_over_peers_failing_on_the_way_out():
             pod(1, ready=False, phase="Failed", failed=True, exit_code=1)]
     plan = run(pods, status=running(1, 0, 1, restarts=3), w=world(1, 0, 1))
     assert plan.status.phase == "Succeeded" and plan.status.restarts == 3
+
+
+def test_throughput_in_tokens_and_mfu_reach_the_status():
+    """The Tokens/s column (and MFU with -o wide) read these, at 4 significant digits."""
+    plan = run([pod(0), pod(1)], status=running(1, 0, 1), w=world(1, 0, 1),
+               progress={"step": 9, "samplesPerSecond": 123.4, "tokensPerSecond": 126361.6, "mfu": 0.41234567})
+    pr = plan.status.progress
+    assert (pr.tokens_per_second, pr.mfu) == (126400.0, 0.4123)
+    plan = run([pod(0), pod(1)], status=running(1, 0, 1), w=world(1, 0, 1), progress={"step": 9, "mfu": None})
+    assert plan.status.progress.mfu is None  # a worker that knows no peak reports none

@@ -83,6 +83,7 @@ def test_dashboard_is_well_formed(dashboard):
     ("throughput", {"cohort_samples_per_second"}),
     ("loss", {"cohort_loss"}),
     ("step time: compute and communication", {"cohort_step_compute_seconds_sum", "cohort_step_comm_seconds_sum"}),
+    ("throughput in tokens and MFU", {"cohort_tokens_per_second", "cohort_mfu"}),
     ("bytes sent", {"cohort_bytes_sent_total"}),
     ("compression ratio", {"cohort_compression_ratio"}),
     ("recoveries", {"cohort_recoveries_total"}),

@@ -40,6 +40,10 @@ PRINTER_COLUMNS = [
     {"name": "ETA", "type": "integer", "jsonPath": ".status.progress.etaSeconds",
      "description": "Estimated seconds to the last step"},
     {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss"},
+    {"name": "Tokens/s", "type": "number", "jsonPath": ".status.progress.tokensPerSecond",
+     "description": "Global throughput in tokens (samples for models without sequences)"},
+    {"name": "MFU", "type": "number", "jsonPath": ".status.progress.mfu", "priority": 1,
+     "description": "Model FLOPs utilisation (GPU workers whose peak is known)"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -545,6 +545,11 @@ class Progress:
     epoch: int = field(0, doc="Current epoch.")
     loss: Optional[float] = field(None, doc="Latest training loss (4 significant digits).")
     samples_per_second: Optional[float] = field(None, doc="Global training throughput.")
+    tokens_per_second: Optional[float] = field(None, doc="Global throughput in tokens (language models: samples x "
+                                                         "sequence length; other models: samples; 4 significant "
+                                                         "digits).")
+    mfu: Optional[float] = field(None, doc="Model FLOPs utilisation, 0-1: training FLOP/s over the devices' dense "
+                                           "peak; set only when the workers know their device's peak (docs/gpu.md).")
     percent: Optional[float] = field(None, doc="Share of the job's optimizer steps done, 0-100 (100 once it succeeded).")
     eta_seconds: Optional[int] = field(None, doc="Estimated seconds to the last step at the current throughput "
                                                  "and world size.")

@@ -84,12 +84,13 @@ def apply_progress(status: TrainingJobStatus, data: dict[str, Any], now: dt.date
 
     for key, attr, kind in (("step", "step", int), ("epoch", "epoch", int), ("loss", "loss", float),
                             ("samplesPerSecond", "samples_per_second", float), ("accuracy", "accuracy", float),
+                            ("tokensPerSecond", "tokens_per_second", float), ("mfu", "mfu", float),
                             ("etaSeconds", "eta_seconds", int), ("evalLoss", "eval_loss", float),
                             ("eval_loss", "eval_loss", float), ("perplexity", "perplexity", float)):
         value = num(key, kind)  # eval_loss: the termination summary's spelling
         if value is not None:
             setattr(pr, attr, value)
-    for attr in ("loss", "eval_loss", "perplexity"):
+    for attr in ("loss", "eval_loss", "perplexity", "tokens_per_second", "mfu"):
         value = getattr(pr, attr)
         if value is not None and math.isfinite(value):
             setattr(pr, attr, float(f"{value:.4g}"))  # as people read a loss (kubectl prints every digit)
