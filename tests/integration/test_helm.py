@@ -59,6 +59,8 @@ def test_helm_lint_is_clean(values):
     ({"operator": {"logLevel": "LOUD"}}, "/operator/logLevel"),
     ({"image": {"digest": "latest"}}, "/image/digest"),
     ({"metrics": {"podMonitor": {"interval": "often"}}}, "/metrics/podMonitor/interval"),
+    ({"gpu": {"shmSize": "8GB"}}, "/gpu/shmSize"),
+    ({"gpu": {"shmSize": 8589934592}}, "/gpu/shmSize"),  # Helm would render the number as 8.589934592e+09
 ])
 def test_schema_refuses_bad_values(values, message):
     proc = helm.run([helm.helm_bin(), "template", "x", str(helm.CHART), *helm.set_args(values)], check=False)
@@ -75,6 +77,7 @@ def test_single_replica_runs_standalone_with_a_restricted_pod():
     assert "--standalone" in c["args"] and not any(a.startswith("--lease") for a in c["args"])
     assert dep["spec"]["strategy"]["type"] == "Recreate"  # two standalone operators must never overlap
     assert "--default-image=cohort-trainer:0.1.0" in c["args"]
+    assert {"--default-cuda-image=cohort-trainer:0.1.0-cuda", "--gpu-shm-size=8Gi"} <= set(c["args"])
     assert c["image"] == "cohort-operator:0.1.0"
     assert spec["serviceAccountName"] == "cohort"
     assert spec["securityContext"]["runAsNonRoot"] and spec["securityContext"]["seccompProfile"]["type"] == \
@@ -161,6 +164,11 @@ def test_image_references_from_registry_and_digest():
     c = helm.find(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
     assert c["image"] == f"registry.example/cohort-operator@{digest}"
     assert "--default-image=registry.example/cohort-trainer:1.2.3" in c["args"]
+    assert "--default-cuda-image=registry.example/cohort-trainer:0.1.0-cuda" in c["args"]
+    docs = helm.render({"trainer": {"cudaImage": {"registry": "gpu.example", "tag": "1.2.3-cu130"}},
+                        "gpu": {"shmSize": "32Gi"}})
+    args = helm.find(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert {"--default-cuda-image=gpu.example/cohort-trainer:1.2.3-cu130", "--gpu-shm-size=32Gi"} <= set(args)
 
 
 # --- server-side dry run ------------------------------------------------------------------

@@ -53,7 +53,8 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
-{{/* An image reference from {registry, repository, tag, digest}; call with (dict "image" ... "root" $). */}}
+{{/* An image reference from {registry, repository, tag, digest}; call with (dict "image" ... "root" $),
+adding "tagSuffix" for a default tag of <appVersion><suffix>. */}}
 {{- define "cohort.imageRef" -}}
 {{- $registry := .image.registry | default .root.Values.global.imageRegistry -}}
 {{- $name := .image.repository -}}
@@ -61,7 +62,7 @@ app.kubernetes.io/component: operator
 {{- if .image.digest -}}
 {{- printf "%s@%s" $name .image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" $name (.image.tag | default .root.Chart.AppVersion | toString) -}}
+{{- printf "%s:%s" $name (.image.tag | default (printf "%s%s" .root.Chart.AppVersion (.tagSuffix | default "")) | toString) -}}
 {{- end -}}
 {{- end -}}
 
@@ -71,6 +72,10 @@ app.kubernetes.io/component: operator
 
 {{- define "cohort.trainerImage" -}}
 {{- include "cohort.imageRef" (dict "image" .Values.trainer.image "root" .) -}}
+{{- end -}}
+
+{{- define "cohort.trainerCudaImage" -}}
+{{- include "cohort.imageRef" (dict "image" .Values.trainer.cudaImage "root" . "tagSuffix" "-cuda") -}}
 {{- end -}}
 
 {{/* "true" when the operator elects a leader with a Lease (replicas > 1, or forced). */}}

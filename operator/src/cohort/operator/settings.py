@@ -19,7 +19,7 @@ from cohort.api.schema import quantity_value
 from .pods import PodDefaults
 
 DEFAULT_IMAGE = "cohort-trainer:0.1.0"  # built from images/; charts set the registry
-DEFAULT_CUDA_IMAGE = "cohort-trainer:0.1.0-cuda"  # images/trainer-cuda.Dockerfile: the CPU tag plus -cuda
+DEFAULT_CUDA_IMAGE = DEFAULT_IMAGE + "-cuda"  # images/trainer-cuda.Dockerfile: the CPU image's tag plus -cuda
 
 
 @dataclasses.dataclass(frozen=True)
