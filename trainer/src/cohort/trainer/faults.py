@@ -4,6 +4,11 @@
 holds rank R computes F times slower, for the rest of its life.
 ``COHORT_FAULT_KILL=rank=R,step=S``: at step S the process holding rank R
 SIGKILLs itself.
+``COHORT_FAULT_PARTIAL=rank=R,step=S``: at step S the process holding rank R
+behaves as if its gradients' allreduce failed after writing part of its
+result, as NCCL's can: the first half of every gradient is overwritten and
+the failure is reported to the commit gate (commit.py) instead of raising
+in backward.
 ``COHORT_FAULT_OOM=rank=R,step=S,mb=M``: at step S the process holding rank R
 allocates (and touches) memory in 64 MiB pieces, up to M MiB (default 4096),
 so that a container memory limit below that gets it OOM-killed by the kernel;
@@ -21,7 +26,10 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+import torch
 
 from .log import get_logger
 
@@ -48,9 +56,12 @@ class Faults:
     oom_rank: int = -1
     oom_step: int = 0
     oom_mb: int = 4096
+    partial_rank: int = -1
+    partial_step: int = 0
     first_step: int | None = None  # first step this process trained
     max_seen: int = -1             # highest step this process has started
     slowed: bool = False
+    partial_done: bool = False
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> Faults:
@@ -61,6 +72,9 @@ class Faults:
         if env.get("COHORT_FAULT_KILL"):
             p = _parse(env["COHORT_FAULT_KILL"], "COHORT_FAULT_KILL")
             f.kill_rank, f.kill_step = int(p["rank"]), int(p.get("step", 0))
+        if env.get("COHORT_FAULT_PARTIAL"):
+            p = _parse(env["COHORT_FAULT_PARTIAL"], "COHORT_FAULT_PARTIAL")
+            f.partial_rank, f.partial_step = int(p["rank"]), int(p.get("step", 0))
         if env.get("COHORT_FAULT_OOM"):
             p = _parse(env["COHORT_FAULT_OOM"], "COHORT_FAULT_OOM")
             f.oom_rank, f.oom_step, f.oom_mb = int(p["rank"]), int(p.get("step", 0)), int(p.get("mb", 4096))
@@ -86,6 +100,21 @@ class Faults:
         if not self.slowed and self.slow_rank == rank and crossing(self.slow_step):
             log.warning("fault injection: computing slower", extra={"step": step, "factor": self.slow_factor})
             self.slowed = True
+
+    def after_backward(self, rank: int, step: int, params: Iterable[torch.nn.Parameter],
+                       report: Callable[[str], None]) -> None:
+        """At the partial-write fault's step: corrupt the gradients as a half-written allreduce would, and
+        ``report`` the failure (to the commit gate), once per process."""
+        if self.partial_rank != rank or step != self.partial_step or self.partial_done:
+            return
+        self.partial_done = True
+        with torch.no_grad():
+            for p in params:
+                if p.grad is not None:
+                    half = p.grad.view(-1)[: max(p.grad.numel() // 2, 1)]
+                    half.mul_(1000.0).add_(1.0)
+        log.warning("fault injection: a collective failed after writing part of its result", extra={"step": step})
+        report(f"fault injection: the gradients' allreduce failed part-way at step {step}")
 
     def delay(self, compute_s: float) -> float:
         """Sleep to make this step's compute ``factor`` times longer; returns the added seconds."""

@@ -1,6 +1,8 @@
 """One optimizer step on this rank: forward, backward, synchronisation, the optimizer, and what each cost.
 
-Reads like nanoGPT's step: autocast, forward, (scaled) backward, clip, step.
+Reads like nanoGPT's step: autocast, forward, (scaled) backward, clip, the
+commit gate (commit.py: did every collective of the step complete, in this
+world?), step.
 The synchronisation is the plan's: DDP's comm hooks fire inside backward,
 FSDP2 reduce-scatters there too, and gossip and local SGD act in
 ``plan.after_step``. Everything here runs on the worker's device; the batch
@@ -28,6 +30,7 @@ import torch
 
 from cohort.api.models import TrainingJobSpec
 
+from .commit import CommitGate, StepDiscarded
 from .parallel.base import Plan
 from .runtime.device import autocast, synchronize, to_device
 from .sync.base import CommStats
@@ -55,8 +58,9 @@ class MicroBatching:
 
 
 class StepRunner:
-    def __init__(self, spec: TrainingJobSpec, device: torch.device, stats: CommStats):
-        self.device, self.stats = device, stats
+    def __init__(self, spec: TrainingJobSpec, device: torch.device, stats: CommStats, gate: CommitGate | None = None):
+        """``gate``: the commit gate the optimizer waits on (commit.py); None applies every step (tests)."""
+        self.device, self.stats, self.gate = device, stats, gate
         self.precision = spec.workload.precision
         self.clip_norm = spec.workload.optimizer.grad_clip_norm
         self.scaler = torch.amp.GradScaler(device.type) if self.precision == "fp16" else None
@@ -65,20 +69,29 @@ class StepRunner:
 
     def run(self, plan: Plan, optimizer: torch.optim.Optimizer, fetch: Callable[[], tuple[torch.Tensor, torch.Tensor]],
             loss_fn: LossFn, micro: MicroBatching, before_update: Callable[[], object], step: int,
-            slow_down: Callable[[float], float] = lambda s: 0.0) -> StepResult:
+            slow_down: Callable[[float], float] = lambda s: 0.0,
+            after_backward: Callable[[], None] = lambda: None) -> StepResult:
         """One step: this rank's batch (``fetch``: host tensors), its gradients synchronised and applied;
-        ``step`` is the number of the step this completes. ``slow_down`` is fault injection's straggler."""
+        ``step`` is the number of the step this completes. ``slow_down`` and ``after_backward`` are fault
+        injection's (a straggler; a collective that failed after writing part of its result).
+        Raises commit.StepDiscarded, with nothing applied, when the gate refuses the step."""
         start, hooks_before = self.clock.mark(), self.stats.hooks
+        if self.gate is not None:
+            self.gate.begin()
         x, y = (to_device(t, self.device) for t in fetch())
         optimizer.zero_grad(set_to_none=True)
         with autocast(self.device, self.precision):
             loss = self._forward_backward(plan, x, y, loss_fn, micro)
         backward_done = self.clock.mark()
         handed_off = self.stats.last_hook if self.stats.hooks > hooks_before else backward_done
+        after_backward()
+        self._commit_or_discard(optimizer)  # the gradients' collectives completed, in this world
         if self.scaler is not None:
-            self.scaler.unscale_(optimizer)  # clipping and the hooks' byte counts see true gradients
+            self.scaler.unscale_(optimizer)  # clipping sees true gradients
         if self.clip_norm > 0:
             plan.clip_grad_norm(self.clip_norm)
+            if not plan.replicated:  # sharded plans reduce the norm across ranks: gate that too (no fp16 here)
+                self._commit_or_discard(optimizer)
         before_update()  # a checkpoint still being staged must not see this update
         if self.scaler is not None:
             self.scaler.step(optimizer)
@@ -95,6 +108,15 @@ class StepRunner:
         injected = slow_down(compute)  # a fault-injected straggler (faults.py) sleeps here
         return StepResult(loss=value, wall_s=s(start, end) + injected, compute_s=compute + injected,
                           comm_s=s(handed_off, backward_done) + s(updated, end))
+
+    def _commit_or_discard(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.gate is None:
+            return
+        try:
+            self.gate.check()
+        except StepDiscarded:
+            optimizer.zero_grad(set_to_none=True)  # nothing of this step survives it
+            raise
 
     def _forward_backward(self, plan: Plan, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn,
                           micro: MicroBatching) -> torch.Tensor:

@@ -27,6 +27,7 @@ from cohort.api.jobconfig import JobConfig
 
 from . import log as logmod
 from .checkpoint import Checkpointer
+from .commit import CommitGate
 from .faults import Faults
 from .loader import BatchLoader
 from .metrics import WorkerMetrics
@@ -99,7 +100,8 @@ class Trainer:
         self.loader = BatchLoader(data.train, self.spec.workload.data_loader_workers,
                                   pin_memory=self.device.type == "cuda")
         self.stats = CommStats()
-        self.stepper = StepRunner(self.spec, self.device, self.stats)
+        self.gate = CommitGate(self.device, self._world_moved)
+        self.stepper = StepRunner(self.spec, self.device, self.stats, self.gate)
         self.state = TrainState(self.model, self.optimizer, self.sampler, self.device, self.stepper.scaler)
         self.throughput = Throughput.of(self.workload, self.device, self.spec.workload.precision)
         ck_root = self.spec.checkpoint.path.rstrip("/") + "/" + cfg.name
@@ -271,6 +273,10 @@ class Trainer:
         if not self.static:
             Rendezvous.leave()
 
+    def _world_moved(self) -> bool:
+        """A newer world than the one this process trains in has been published (the commit gate asks)."""
+        return not self.static and self.world is not None and self._latest_version() != self.world.version
+
     def _latest_version(self) -> int:
         latest = self.worlds.latest
         return latest.version if latest else 0
@@ -318,7 +324,8 @@ class Trainer:
         micro = MicroBatching(parts, size, 0 if whole else global_batch)
         result = self.stepper.run(
             self.plan, self.optimizer, lambda: self.loader.get(idx, lambda: self.sampler.upcoming(dp_rank, size)),
-            self.workload.loss_fn, micro, self.ckpt.before_update, step + 1, self.faults.delay)
+            self.workload.loss_fn, micro, self.ckpt.before_update, step + 1, self.faults.delay,
+            lambda: self.faults.after_backward(self.rank, step, self.model.parameters(), self.gate.fail))
         if self.sample_log is not None:
             self._log_samples(step, idx)
         self.sampler.advance(size)

@@ -1,0 +1,98 @@
+"""The commit gate (commit.py): a step whose collective failed after writing part of its result is not applied.
+
+NCCL reports such a failure asynchronously, after ``backward()`` returned and
+with the gradients half written; gloo raises instead, so on the CPU the
+failure is injected (faults.py, ``COHORT_FAULT_PARTIAL``): the gradients of
+one rank are corrupted as a half-written allreduce would leave them, and the
+failure is reported to the gate. Two gloo ranks train 2 steps, then the faulty
+third: with the gate, every rank's parameters and optimizer state are the
+second step's bit for bit and the step raises StepDiscarded; without it, the
+faulty rank applies the corrupted gradients.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from gloo_ranks import job_spec, run_ranks
+
+from cohort.trainer.commit import CommitGate, StepDiscarded
+from cohort.trainer.faults import Faults
+from cohort.trainer.optim import build_optimizer
+from cohort.trainer.parallel.base import PlanContext
+from cohort.trainer.parallel.registry import PARALLELISMS
+from cohort.trainer.step import MicroBatching, StepRunner
+from cohort.trainer.sync.base import CommStats
+from cohort.trainer.workloads.workload import build_workload
+
+pytestmark = [pytest.mark.dist]
+
+FAULTY_RANK, FAULTY_STEP = 1, 2  # the third step (0-based)
+
+
+def _train(rank: int, world: int, gated: bool) -> dict[str, Any]:
+    spec = job_spec()
+    torch.manual_seed(0)
+    w = build_workload(spec)
+    stats = CommStats()
+    plan = PARALLELISMS["data"](PlanContext(spec, rank, world, stats))
+    module = plan.apply(w.model)
+    optimizer = build_optimizer(module.parameters(), spec.workload.optimizer)
+    gate = CommitGate(torch.device("cpu")) if gated else None
+    runner = StepRunner(spec, torch.device("cpu"), stats, gate)
+    faults = Faults(partial_rank=FAULTY_RANK, partial_step=FAULTY_STEP)
+    reports: list[str] = []
+    snapshot: dict[str, torch.Tensor] = {}
+    discarded = None
+    for step in range(3):
+        if step == FAULTY_STEP:
+            snapshot = {k: v.clone() for k, v in w.model.state_dict().items()}
+            snapshot.update({f"opt.{i}": s["momentum_buffer"].clone()
+                             for i, s in enumerate(optimizer.state.values())})
+        idx = torch.arange((step * world + rank) * 16, (step * world + rank + 1) * 16)
+
+        def report(why: str) -> None:
+            reports.append(why)
+            if gate is not None:
+                gate.fail(why)
+        try:
+            runner.run(plan, optimizer, lambda idx=idx: w.data.train.fetch(idx), w.loss_fn, MicroBatching(1, world),
+                       lambda: None, step + 1,
+                       after_backward=lambda step=step: faults.after_backward(rank, step, w.model.parameters(), report))
+        except StepDiscarded as e:
+            discarded = str(e)
+    after = {k: v.clone() for k, v in w.model.state_dict().items()}
+    after.update({f"opt.{i}": s["momentum_buffer"].clone() for i, s in enumerate(optimizer.state.values())})
+    return {"unchanged": all(torch.equal(snapshot[k], after[k]) for k in snapshot), "discarded": discarded,
+            "reports": reports}
+
+
+def test_a_step_whose_collective_failed_part_way_is_not_applied():
+    ranks = run_ranks(_train, 2, True)
+    faulty = ranks[FAULTY_RANK]
+    assert faulty["reports"] and faulty["discarded"] and "failed part-way" in faulty["discarded"]
+    assert faulty["unchanged"], "the faulty rank's parameters or optimizer state moved past the last committed step"
+
+
+def test_without_the_gate_the_half_written_gradients_reach_the_parameters():
+    """The control: the same fault, no gate. This is what the gate prevents (on NCCL, silently)."""
+    ranks = run_ranks(_train, 2, False)
+    faulty = ranks[FAULTY_RANK]
+    assert faulty["reports"] and faulty["discarded"] is None
+    assert not faulty["unchanged"]
+
+
+def test_the_gate_refuses_a_step_when_a_newer_world_was_published():
+    moved = [False]
+    gate = CommitGate(torch.device("cpu"), lambda: moved[0])
+    gate.begin()
+    gate.check()
+    moved[0] = True
+    try:
+        gate.check()
+    except StepDiscarded as e:
+        assert "newer world" in str(e)
+    else:
+        raise AssertionError("the gate let a step through a world change")
