@@ -124,12 +124,32 @@ class Rendezvous:
 
     @staticmethod
     def leave() -> None:
-        """Destroy the current process group; safe to call when a peer has died."""
-        if dist.is_initialized():
-            try:
+        """Tear the current group down; safe to call when a peer has died.
+
+        A group with NCCL communicators is aborted (``ncclCommAbort`` through torch's
+        ``_abort_process_group``), not destroyed: destroying a communicator whose peer died can
+        block, and the next world's group must form meanwhile. Gloo's groups are destroyed.
+        """
+        if not dist.is_initialized():
+            return
+        try:
+            if uses_nccl():
+                dist.distributed_c10d._abort_process_group()
+            else:
                 dist.destroy_process_group()
-            except Exception as e:  # a broken group may refuse a clean shutdown
-                log.warning("destroy_process_group failed", extra={"error": str(e)})
+        except Exception as e:  # a broken group may refuse a clean shutdown
+            log.warning("leaving the process group failed", extra={"error": str(e)})
+
+
+def uses_nccl() -> bool:
+    """The default group has NCCL communicators (a GPU worker's cpu:gloo,cuda:nccl)."""
+    if not dist.is_nccl_available() or not dist.is_initialized():
+        return False
+    try:
+        backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cuda"))
+    except RuntimeError:  # no backend for CUDA tensors in this group
+        return False
+    return isinstance(backend, dist.ProcessGroupNCCL)
 
 
 def pod_ip() -> str:
