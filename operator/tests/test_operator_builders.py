@@ -18,7 +18,14 @@ from cohort.operator.manifests import (
     build_world_map,
     owned_objects,
 )
-from cohort.operator.pods import CPU_ENV_DEFAULTS, GPU_ENV_DEFAULTS, PodDefaults, avoid_nodes, build_worker_pod
+from cohort.operator.pods import (
+    CPU_ENV_DEFAULTS,
+    GPU_ENV_DEFAULTS,
+    PodDefaults,
+    avoid_nodes,
+    build_worker_pod,
+    container_resources,
+)
 from cohort.operator.world import Member, World
 
 
@@ -296,3 +303,12 @@ def test_rbac_binds_a_user_service_account():
     objs = build_worker_rbac(job, parse(TrainingJobSpec, job["spec"]))
     assert [o["kind"] for o in objs] == ["Role", "RoleBinding"]
     assert objs[1]["subjects"][0]["name"] == "mine"
+
+
+def test_a_gpu_in_requests_only_becomes_the_limit_too():
+    """Kubernetes refuses an extended resource without a limit; the user's other requests stay requests."""
+    spec = parse(TrainingJobSpec, with_workload({"resources": {"requests": {"nvidia.com/gpu": 1, "cpu": "2"}}}))
+    resources = container_resources(spec.resources)
+    assert resources == {"requests": {"nvidia.com/gpu": 1, "cpu": "2"}, "limits": {"nvidia.com/gpu": 1}}
+    spec = parse(TrainingJobSpec, with_workload({"resources": {"limits": {"cpu": "1"}}}))
+    assert container_resources(spec.resources) == {"limits": {"cpu": "1"}}

@@ -92,6 +92,19 @@ def asks_for_gpu(resources: Resources) -> bool:
                if (q := section.get(GPU_RESOURCE)) is not None)
 
 
+def container_resources(resources: Resources) -> dict[str, Any]:
+    """The trainer container's core/v1 ResourceRequirements: what the user set (shmSize is the volume's).
+
+    A GPU asked for in requests only is also its limit: Kubernetes refuses an extended resource
+    without a limit ("Limit must be set for non overcommitable resources"), and a GPU is never shared.
+    """
+    out = {k: copy.deepcopy(v) for k, v in to_dict(resources).items() if v and k in ("limits", "requests", "claims")}
+    gpu = resources.requests.get(GPU_RESOURCE)
+    if gpu is not None and GPU_RESOURCE not in resources.limits:
+        out.setdefault("limits", {})[GPU_RESOURCE] = gpu
+    return out
+
+
 def _downward(field_path: str) -> dict[str, Any]:
     return {"valueFrom": {"fieldRef": {"fieldPath": field_path}}}
 
@@ -235,8 +248,7 @@ def build_worker_pod(
             "httpGet": {"path": "/healthz", "port": "metrics"},
             "periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 3,
         },
-        # Only what the user set, and only core/v1 ResourceRequirements' fields (shmSize is the volume's).
-        "resources": {k: v for k, v in to_dict(spec.resources).items() if v and k in ("limits", "requests", "claims")},
+        "resources": container_resources(spec.resources),
         "volumeMounts": mounts,
         "terminationMessagePath": "/dev/termination-log",
         "terminationMessagePolicy": "FallbackToLogsOnError",
