@@ -289,7 +289,7 @@ def _count_worker(rank: int, port: int, out) -> None:
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=datetime.timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     torch.manual_seed(0)
-    model = apply_tp(tiny_model(), build_mesh(ParallelDims(tp=2))["tp"])
+    model = apply_tp(tiny_model(), build_mesh(ParallelDims(tp=2), torch.device("cpu"))["tp"])
     x = torch.randint(0, 16, (2, 4))
     fwd, bwd = CommDebugMode(), CommDebugMode()
     with fwd:
