@@ -318,7 +318,9 @@ def nccl_version_tuple(raw: Any) -> tuple[int, ...] | None:
     if not raw:
         return None
     if isinstance(raw, int):
-        return (raw // 10000, raw // 100 % 100, raw % 100) if raw >= 10000 else (raw // 1000, raw // 100 % 10, raw % 100)
+        if raw >= 10000:
+            return raw // 10000, raw // 100 % 100, raw % 100
+        return raw // 1000, raw // 100 % 10, raw % 100
     return tuple(int(v) for v in raw)
 
 
