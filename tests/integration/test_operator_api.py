@@ -52,6 +52,10 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("no-length", {"workload": {"epochs": 0, "maxSteps": 0}}, "spec.workload.epochs"),
     ("unknown-model", {"workload": {"model": "resnet"}}, "spec.workload.model"),
     ("bad-dataset-entry-point", {"workload": {"dataset": "my.module:"}}, "spec.workload.dataset"),
+    # A pattern is anchored: a valid name with text around it is no name (issue 32).
+    ("model-with-a-suffix", {"workload": {"model": "mlp-v2"}}, "spec.workload.model"),
+    ("dataset-with-a-shell-command", {"workload": {"dataset": "x.y:z; rm -rf /"}}, "spec.workload.dataset"),
+    ("dataset-with-a-newline", {"workload": {"dataset": "digits\n"}}, "spec.workload.dataset"),
     ("zero-lr", {"workload": {"optimizer": {"lr": 0}}}, "spec.workload.optimizer.lr"),
     ("zero-batch", {"workload": {"batchSize": 0}}, "spec.workload.batchSize"),
     ("typo-in-replicas", {"replicas": {"minimum": 2}}, "spec.replicas.minimum"),

@@ -327,8 +327,10 @@ def _section_has_one_gpu_at_most(resources: Any, section: str) -> bool:
 
 def _one_gpu_cel(section: str) -> str:
     value = f"quantity(string(self.{section}['{GPU_RESOURCE}']))"
-    return (f"!('{GPU_RESOURCE}' in self.{section}) || ({value}.isInteger() && "
-            f"{value}.compareTo(quantity('1')) <= 0)")
+    # By value, as the pod API reads an extended resource: 1, 1000m and 1e0 are one GPU. (CEL's isInteger()
+    # is false for 1000m and 1.0, whose parsed scale is negative; the pod API accepts them.)
+    return (f"!('{GPU_RESOURCE}' in self.{section}) || {value}.compareTo(quantity('0')) == 0 || "
+            f"{value}.compareTo(quantity('1')) == 0")
 
 
 def _one_gpu_message(section: str) -> str:

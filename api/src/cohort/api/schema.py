@@ -16,14 +16,17 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import math
 import re
 import types
 import typing
 from collections.abc import Callable
-from decimal import Decimal
+from decimal import ROUND_UP, Decimal, localcontext
 from typing import Any, Literal, TypeGuard, Union, get_args, get_origin
 
 MISSING = dataclasses.MISSING
+# The API server's integers are int64: a larger number in an integer field is refused.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class ValidationError(ValueError):
@@ -33,6 +36,32 @@ class ValidationError(ValueError):
 # resource.Quantity's serialised form, as in Kubernetes' own OpenAPI schema.
 QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
                     r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+
+
+def anchored(pattern: str) -> str:
+    """``pattern`` as a match of the whole string: ``^(?:...)$``.
+
+    The API server (like CEL's ``matches``) finds a pattern anywhere in the string, Python's
+    ``fullmatch`` only as the whole: unanchored, ``mlp-v2`` passes the CRD's ``(mlp|...)`` but not
+    Python's. Every pattern the schema emits and every one Python checks goes through here, so both
+    sides read the same text the same way (RE2 and Python agree on ``^``, ``$`` and ``(?:...)``; with
+    :func:`pattern_matches`' ``fullmatch``, Python's ``$`` cannot match before a final newline either).
+    """
+    inner = pattern[1:] if pattern.startswith("^") else pattern
+    if inner.endswith("$") and not inner.endswith("\\$"):
+        inner = inner[:-1]
+    return f"^(?:{inner})$"
+
+
+@functools.cache
+def _compiled(pattern: str) -> re.Pattern[str]:
+    # ASCII: RE2's classes (\d, \w, \s) are ASCII-only; Python's are Unicode unless told.
+    return re.compile(anchored(pattern), re.ASCII)
+
+
+def pattern_matches(pattern: str, value: str) -> bool:
+    """Whether the API server would admit ``value`` for a field with ``pattern``."""
+    return _compiled(pattern).fullmatch(value) is not None
 
 
 class Quantity(str):
@@ -54,9 +83,13 @@ def quantity_value(q: int | str) -> Decimal:
     if not m:
         raise ValueError(f"not a quantity: {q!r}")
     number, suffix = m.group(1), m.group(2) or ""
-    if suffix[:1] in ("e", "E"):
-        return Decimal(number + suffix)
-    return Decimal(number) * _SUFFIXES[suffix]
+    with localcontext() as exact:
+        exact.prec = 400  # no rounding by the arithmetic itself, whatever the digits
+        value = Decimal(number + suffix) if suffix[:1] in ("e", "E") else Decimal(number) * _SUFFIXES[suffix]
+        if value == value.to_integral_value():
+            return value
+        # resource.ParseQuantity rounds a value finer than a nano away from zero, to the next nano.
+        return value.quantize(Decimal("1e-9"), rounding=ROUND_UP)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,6 +252,8 @@ def _type_schema(tp: Any, meta: typing.Mapping[str, Any]) -> dict[str, Any]:
         s["maximum"] = meta["maximum"]
     if meta.get("pattern"):
         s["pattern"] = meta["pattern"]
+    if "pattern" in s:  # the one place a pattern enters the schema: anchored, whoever declared it
+        s["pattern"] = anchored(s["pattern"])
     if nullable:
         s["nullable"] = True
     return s
@@ -253,8 +288,13 @@ def parse(cls: type[T], data: Any, path: str = "spec") -> T:
     kwargs = {}
     for jname, f in by_json.items():
         fpath = f"{path}.{jname}"
-        if jname in data:
-            kwargs[f.name] = _parse_value(hints[f.name], f.metadata, data[jname], fpath)
+        value = data.get(jname, MISSING)
+        if value is None and not _unwrap_optional(hints[f.name])[1]:
+            # The API server prunes a null it may not store (the field is not nullable) before
+            # defaulting: the field is then absent, defaulted or missing. So is it here.
+            value = MISSING
+        if value is not MISSING:
+            kwargs[f.name] = _parse_value(hints[f.name], f.metadata, value, fpath)
         elif _default_of(f) is MISSING:
             raise ValidationError(f"{fpath}: required field is missing")
     obj = cls(**kwargs)
@@ -282,17 +322,23 @@ def _parse_value(tp: Any, meta: typing.Mapping[str, Any], value: Any, path: str)
     if tp is bool:
         _check_type(value, bool, path, "boolean")
     elif tp is int:
+        value = _whole(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValidationError(f"{path}: must be an integer, got {value!r}")
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise ValidationError(f"{path}: must be a 64-bit integer, got {value!r}")
     elif tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValidationError(f"{path}: must be a number, got {value!r}")
         value = float(value)
+        if not math.isfinite(value):  # JSON has no infinity or NaN: no API server would see one
+            raise ValidationError(f"{path}: must be a finite number, got {value!r}")
     elif tp is str:
         _check_type(value, str, path, "string")
     elif tp is Quantity:
+        value = _whole(value)
         if isinstance(value, bool) or not isinstance(value, (int, str)) or (
-                isinstance(value, str) and not re.fullmatch(QUANTITY_PATTERN, value)):
+                isinstance(value, str) and not pattern_matches(QUANTITY_PATTERN, value)):
             raise ValidationError(f"{path}: must be a quantity (an integer, or e.g. 500m, 2Gi, 1.5), got {value!r}")
         return value
     elif origin is dict or tp is dict:
@@ -300,14 +346,26 @@ def _parse_value(tp: Any, meta: typing.Mapping[str, Any], value: Any, path: str)
         args = get_args(tp)
         if meta.get("free_form") or not args or args[1] is Any:
             return copy.deepcopy(value)
-        return {k: _parse_value(args[1], {}, v, f"{path}.{k}") for k, v in value.items()}
+        # A null value the map's type may not hold is pruned by the API server, as a null field is.
+        keep_null = _unwrap_optional(args[1])[1]
+        return {k: _parse_value(args[1], {}, v, f"{path}.{k}") for k, v in value.items()
+                if v is not None or keep_null}
     elif origin is list:
         _check_type(value, list, path, "array")
         (item,) = get_args(tp)
         if item is Any or meta.get("free_form"):
+            for i, v in enumerate(value):  # the schema's items are objects (core/v1 ones): contents unchecked
+                _check_type(v, dict, f"{path}[{i}]", "object")
             return copy.deepcopy(value)
         return [_parse_value(item, {}, v, f"{path}[{i}]") for i, v in enumerate(value)]
     _check_bounds(value, meta, path)
+    return value
+
+
+def _whole(value: Any) -> Any:
+    """A float with no fraction as the int the API server stores for it (JSON ``2.0`` in an integer field is 2)."""
+    if isinstance(value, float) and value.is_integer() and INT64_MIN <= value <= INT64_MAX:
+        return int(value)
     return value
 
 
@@ -326,7 +384,7 @@ def _check_bounds(value: Any, meta: typing.Mapping[str, Any], path: str) -> None
     if hi is not None and not value <= hi:
         raise ValidationError(f"{path}: must be at most {hi}, got {value}")
     pattern = meta.get("pattern")
-    if pattern and not re.fullmatch(pattern, value):
+    if pattern and not pattern_matches(pattern, value):
         raise ValidationError(f"{path}: {meta.get('pattern_message') or 'must match ' + pattern}, got {value!r}")
 
 
