@@ -228,6 +228,34 @@ def test_pod_template_is_merged_but_cannot_override_the_contract():
     assert env["COHORT_WORLD"]["value"] == "configmap:digits-world"
 
 
+def test_no_template_volume_is_dropped_and_none_can_take_the_operators_names():
+    """Issue 32: a template volume named like one of the operator's was dropped without a word. Admission
+    now refuses those names (one list, cohort.api.models.RESERVED_VOLUMES, the one the pod uses), and every
+    template volume and mount that passes reaches the pod."""
+    import pytest
+
+    from cohort.api.models import RESERVED_VOLUMES
+    from cohort.api.schema import ValidationError
+
+    template = {"volumes": [{"name": "data", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}],
+                "containers": [{"volumeMounts": [{"name": "data", "mountPath": "/data"},
+                                                 {"name": "data", "mountPath": "/data2", "subPath": "x"},
+                                                 {"name": "cache", "mountPath": "/cache"}]}]}
+    pod = pod_for({"podTemplate": {"spec": template}, "resources": {"limits": {"nvidia.com/gpu": 1}},
+                   "checkpoint": {"path": "/ckpt"}})
+    ours = {v["name"] for v in pod["spec"]["volumes"]} - {"data", "cache"}
+    assert ours == set(RESERVED_VOLUMES), ours  # the pod's own volumes are exactly the reserved names
+    assert [v for v in pod["spec"]["volumes"] if v["name"] in ("data", "cache")] == template["volumes"]
+    mounts = pod["spec"]["containers"][0]["volumeMounts"]
+    assert [m for m in mounts if m["name"] in ("data", "cache")] == template["containers"][0]["volumeMounts"]
+    for name in RESERVED_VOLUMES:
+        with pytest.raises(ValidationError, match=r"^spec\.podTemplate\.spec\.volumes: .*operator's own"):
+            parse(TrainingJobSpec, with_workload({"podTemplate": {"spec": {"volumes": [{"name": name}]}}}))
+        with pytest.raises(ValidationError, match=r"^spec\.podTemplate\.spec\.containers\[0\]\.volumeMounts: "):
+            parse(TrainingJobSpec, with_workload({"podTemplate": {"spec": {"containers": [
+                {"volumeMounts": [{"name": name, "mountPath": "/elsewhere"}]}]}}}))
+
+
 def test_replacement_avoids_the_straggler_node_in_every_term():
     pod = pod_for(replaces="digits-worker-1", avoid=["node-a"])
     assert pod["metadata"]["annotations"]["cohort.dev/replaces"] == "digits-worker-1"

@@ -29,7 +29,14 @@ from cohort.api.schema import ValidationError, parse, to_dict
 from tests.support.specgen import SpecGen
 
 SEED = 20261128
-N_RANDOM, N_MUTATED, N_COMBOS = 80, 320, 60
+# Random specs; distinct mutations per field of the spec's types (108 fields), and every mutation of the
+# fields the issue was about (patterned strings, lists of named items); valid specs with several
+# cross-field inputs changed.
+N_RANDOM, VISITS, N_COMBOS = 60, 3, 60
+
+
+def swept(site) -> bool:
+    return bool(site.meta.get("pattern") or site.meta.get("named"))
 
 
 def python_verdict(spec: dict[str, Any]) -> str | None:
@@ -42,7 +49,7 @@ def python_verdict(spec: dict[str, Any]) -> str | None:
 
 
 def cases() -> list:
-    return list(SpecGen(SEED, lambda s: python_verdict(s) is None).cases(N_RANDOM, N_MUTATED, N_COMBOS))
+    return list(SpecGen(SEED, lambda s: python_verdict(s) is None).cases(N_RANDOM, VISITS, N_COMBOS, swept))
 
 
 def _walk_patterns(node: Any, path: str = "") -> list[tuple[str, str]]:
@@ -86,7 +93,9 @@ def test_the_generator_is_deterministic_and_mixed():
     first, second = cases(), cases()
     assert [c.spec for c in first] == [c.spec for c in second]
     accepted = sum(python_verdict(c.spec) is None for c in first)
-    assert len(first) == N_RANDOM + N_MUTATED + N_COMBOS
+    assert len(first) >= N_RANDOM + 108 * VISITS + N_COMBOS
+    fields = {c.what.split(":")[0] for c in first if c.mutated_from_valid}
+    assert len(fields) >= 108, len(fields)  # every field of the spec's types was mutated
     assert 0.2 * len(first) < accepted < 0.8 * len(first), f"{accepted} of {len(first)} accepted"
 
 

@@ -95,6 +95,18 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
      "spec.podTemplate.spec.securityContext.runAsUser"),
     ("template-label-not-a-string", {"podTemplate": {"metadata": {"labels": {"team": 7}}}},
      "spec.podTemplate.metadata.labels.team"),
+    # The operator's own volumes' names are taken: a template volume or mount by one of them was dropped.
+    ("template-volume-named-like-the-config", {"podTemplate": {"spec": {"volumes": [{"name": "cohort-config",
+                                                                                    "emptyDir": {}}]}}},
+     "spec.podTemplate.spec.volumes"),
+    ("template-volume-named-scratch", {"podTemplate": {"spec": {"volumes": [{"name": "data", "emptyDir": {}},
+                                                                            {"name": "scratch", "emptyDir": {}}]}}},
+     "spec.podTemplate.spec.volumes"),
+    ("template-mount-of-the-checkpoints", {"podTemplate": {"spec": {"containers": [{"volumeMounts": [
+        {"name": "cohort-checkpoints", "mountPath": "/elsewhere"}]}]}}},
+     "spec.podTemplate.spec.containers[0].volumeMounts"),
+    ("template-volume-without-a-name", {"podTemplate": {"spec": {"volumes": [{"emptyDir": {}}]}}},
+     "spec.podTemplate.spec.volumes[0].name"),
 ]
 
 

@@ -40,7 +40,7 @@ BAD_QUANTITIES: list[Any] = ["lots", "1.5 Gi", " 1", "1Gi ", "1e", "Ki", "0x10",
 RESOURCE_NAMES = ["cpu", "memory", "ephemeral-storage", models.GPU_RESOURCE]
 ODD_STRINGS = ["", "x", "with space", "ünïcödé", "a\nb", "-", "/checkpoints/sub", "s3://bucket/p"]
 INT64_MAX = 2**63 - 1
-RESERVED_VOLUMES: tuple[str, ...] = tuple(getattr(models, "RESERVED_VOLUMES", ()))
+RESERVED_VOLUMES: tuple[str, ...] = models.RESERVED_VOLUMES
 
 
 @dataclasses.dataclass
@@ -146,25 +146,47 @@ class SpecGen:
         return {"name": name, "key": "k", "operator": "Exists"}
 
     # --- where a spec can be changed -------------------------------------------------
-    def sites(self, spec: dict[str, Any]) -> list[Site]:
-        out: list[Site] = []
-        self._sites(TrainingJobSpec, spec, "spec", out)
+    def sites(self) -> list[tuple[tuple[str | int, ...], Any, typing.Mapping[str, Any]]]:
+        """Every field of the spec's types, as (keys from the spec, type, field metadata); a list of models
+        contributes its first item's fields."""
+        out: list[tuple[tuple[str | int, ...], Any, typing.Mapping[str, Any]]] = []
+
+        def walk(cls: type, keys: tuple[str | int, ...]) -> None:
+            hints = _hints(cls)
+            for f in dataclasses.fields(cls):
+                here = (*keys, _json_name(f.name))
+                out.append((here, hints[f.name], f.metadata))
+                inner, _ = _unwrap_optional(hints[f.name])
+                if is_model(inner):
+                    walk(inner, here)
+                elif get_origin(inner) is list and is_model(get_args(inner)[0]):
+                    walk(get_args(inner)[0], (*here, 0))
+        walk(TrainingJobSpec, ())
         return out
 
-    def _sites(self, cls: type, obj: dict[str, Any], path: str, out: list[Site]) -> None:
-        hints = _hints(cls)
-        for f in dataclasses.fields(cls):
-            name, tp = _json_name(f.name), hints[f.name]
-            out.append(Site(obj, name, tp, f.metadata, f"{path}.{name}", _default_of(f) is dataclasses.MISSING))
-            inner, _ = _unwrap_optional(tp)
-            value = obj.get(name)
-            if is_model(inner) and isinstance(value, dict):
-                self._sites(inner, value, f"{path}.{name}", out)
-            elif get_origin(inner) is list and isinstance(value, list):
-                (item,) = get_args(inner)
-                for i, v in enumerate(value):
-                    if is_model(item) and isinstance(v, dict):
-                        self._sites(item, v, f"{path}.{name}[{i}]", out)
+    def site(self, spec: dict[str, Any], keys: tuple[str | int, ...], tp: Any,
+             meta: typing.Mapping[str, Any]) -> Site:
+        """The site at ``keys`` in ``spec``, its parents created where absent (with their required fields only)."""
+        node: Any = spec
+        cls: type = TrainingJobSpec
+        for key in keys[:-1]:
+            if isinstance(key, int):  # node is a list of cls
+                while len(node) <= key:
+                    node.append(self.model(cls, "", 0.0))
+                node = node[key]
+                continue
+            py = {_json_name(f.name): f.name for f in dataclasses.fields(cls)}[key]
+            f_tp = _unwrap_optional(_hints(cls)[py])[0]
+            if get_origin(f_tp) is list:
+                if not isinstance(node.get(key), list):
+                    node[key] = []
+                node, cls = node[key], get_args(f_tp)[0]
+            else:
+                if not isinstance(node.get(key), dict):
+                    node[key] = self.model(f_tp, "", 0.0)
+                node, cls = node[key], f_tp
+        path = "spec" + "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in keys)
+        return Site(node, str(keys[-1]), tp, meta, path, False)
 
     # --- mutations ----------------------------------------------------------------
     def mutations(self, site: Site) -> list[tuple[str, Any]]:
@@ -235,6 +257,10 @@ class SpecGen:
             (item,) = get_args(tp)
             out += [("a string for a list", "x"), ("an object for a list", {}), ("an empty list", []),
                     ("a null item", [None]), ("a string item", ["x"]), ("a list item", [[]])]
+            if meta.get("max_items") is not None:
+                n = meta["max_items"]
+                out += [("as many items as allowed", [{"name": f"v{i}", "emptyDir": {}} for i in range(n)]),
+                        ("one item too many", [{"name": f"v{i}", "emptyDir": {}} for i in range(n + 1)])]
             if item is Any or meta.get("free_form"):
                 out += [("an unnamed item", [{"emptyDir": {}}]), ("an item named by a number", [{"name": 3}]),
                         ("a long name", [{"name": "n" * 64}]), ("a named item", [{"name": "mine", "x": 1}]),
@@ -245,15 +271,24 @@ class SpecGen:
             return out
         raise TypeError(f"{site.path}: no mutations for {tp!r}")
 
-    def mutate(self, spec: dict[str, Any]) -> tuple[dict[str, Any], str]:
-        out = copy.deepcopy(spec)
-        site = self.rng.choice(self.sites(out))
-        what, value = self.rng.choice(self.mutations(site))
-        if value is _DELETE:
-            site.parent.pop(site.key, None)
-        else:
-            site.parent[site.key] = copy.deepcopy(value)
-        return out, f"{site.path}: {what}"
+    def mutated(self, visits: int, sweep: Callable[[Site], bool]) -> Iterator[Case]:
+        """Every site of :meth:`sites`, each mutated ``visits`` times (distinct kinds) in a valid spec; the
+        sites ``sweep`` picks get every kind of mutation."""
+        for keys, tp, meta in self.sites():
+            probe = self.site(copy.deepcopy(self.valid_spec()), keys, tp, meta)
+            kinds = self.mutations(probe)
+            order = list(range(len(kinds)))
+            self.rng.shuffle(order)
+            for k in order if sweep(probe) else order[:visits]:
+                out = self.valid_spec()
+                here = self.site(out, keys, tp, meta)
+                valid_before = self.valid(out)  # with the parents it needed
+                what, value = kinds[k]
+                if value is _DELETE:
+                    here.parent.pop(here.key, None)
+                else:
+                    here.parent[here.key] = copy.deepcopy(value)
+                yield Case(out, f"{here.path}: {what}", mutated_from_valid=valid_before)
 
     def combo(self, spec: dict[str, Any]) -> tuple[dict[str, Any], str]:
         """Change several cross-field inputs at once (the rules between sections)."""
@@ -288,12 +323,11 @@ class SpecGen:
         return out, "combination of " + ", ".join(".".join(k) for k, _ in picked)
 
     # --- a mix --------------------------------------------------------------------
-    def cases(self, n_random: int, n_mutated: int, n_combos: int) -> Iterator[Case]:
+    def cases(self, n_random: int, visits: int, n_combos: int,
+              sweep: Callable[[Site], bool] = lambda site: False) -> Iterator[Case]:
         for i in range(n_random):
             yield Case(self.spec(), f"random #{i}")
-        for _ in range(n_mutated):
-            spec, what = self.mutate(self.valid_spec())
-            yield Case(spec, what, mutated_from_valid=True)
+        yield from self.mutated(visits, sweep)
         for _ in range(n_combos):
             spec, what = self.combo(self.valid_spec())
             yield Case(spec, what)

@@ -61,6 +61,8 @@ def _bounds(meta: typing.Mapping[str, Any]) -> str:
         out.append((">" if meta.get("exclusive_minimum") else "≥") + f" {meta['minimum']}")
     if meta.get("maximum") is not None:
         out.append(f"≤ {meta['maximum']}")
+    if meta.get("max_items") is not None:
+        out.append(f"≤ {meta['max_items']} items")
     return ", ".join(out)
 
 

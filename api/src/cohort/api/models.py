@@ -26,6 +26,19 @@ JOB_NAME_MAX = 40
 MANAGED_BY_SELF = "cohort.dev/operator"
 MANAGED_BY_PATTERN = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[-A-Za-z0-9_.]{1,63})?$"
 
+# The operator's own volumes in every worker pod (operator pods.py builds them). A podTemplate volume or
+# volumeMount by one of these names would clash with them, so admission refuses it (issue 32).
+CONFIG_VOLUME = "cohort-config"
+SCRATCH_VOLUME = "scratch"
+CHECKPOINT_VOLUME = "cohort-checkpoints"
+SHM_VOLUME = "cohort-shm"
+RESERVED_VOLUMES: tuple[str, ...] = (CONFIG_VOLUME, SCRATCH_VOLUME, CHECKPOINT_VOLUME, SHM_VOLUME)
+_RESERVED_VOLUMES_CEL = "[" + ", ".join(f"'{v}'" for v in RESERVED_VOLUMES) + "]"
+_RESERVED_VOLUMES_TEXT = ", ".join(RESERVED_VOLUMES[:-1]) + " and " + RESERVED_VOLUMES[-1]
+# The most volumes (and volumeMounts) a podTemplate adds: a bound the rules above need to stay within the
+# API server's CEL cost budget, far above what a worker mounts.
+MAX_TEMPLATE_ITEMS = 128
+
 BUILTIN_MODELS = ("mlp", "convnet", "transformer")
 BUILTIN_DATASETS = ("digits", "synthetic-classification", "synthetic-lm", "tokens", "python-source")
 # A user entry point: an importable module path and a function name.
@@ -379,9 +392,19 @@ class TemplateSecurity:
 class TemplateContainer:
     """What the trainer container takes from the template (the contract's env and mounts win)."""
 
+    __rules__ = (
+        Rule(cel=f"self.volumeMounts.all(m, !(m.name in {_RESERVED_VOLUMES_CEL}))",
+             message=f"spec.podTemplate.spec.containers[0].volumeMounts: {_RESERVED_VOLUMES_TEXT} are the "
+                     "operator's own volumes, which a template may not mount (mount a volume of your own)",
+             check=lambda c: not any(m.get("name") in RESERVED_VOLUMES for m in c.volume_mounts),
+             field_path=".volumeMounts"),
+    )
+
     name: Literal["trainer"] = field("trainer", doc="The container is always named trainer.")
     env: list[Any] = field([], free_form=True, doc="core/v1 EnvVars added to the contract's.")
-    volume_mounts: list[Any] = field([], free_form=True, doc="core/v1 VolumeMounts added to the contract's.")
+    volume_mounts: list[Any] = field([], free_form=True, named=True, max_items=MAX_TEMPLATE_ITEMS,
+                                     doc="core/v1 VolumeMounts added to the contract's; none may mount one of "
+                                         f"the operator's volumes ({_RESERVED_VOLUMES_TEXT}).")
     image_pull_policy: Optional[Literal["Always", "IfNotPresent", "Never"]] = field(
         None, doc="core/v1 imagePullPolicy of the trainer image.")
 
@@ -391,16 +414,20 @@ class TemplateSpec:
     """The pod spec fields a worker may take from the template."""
 
     __rules__ = (
-        Rule(cel="size(self.containers) <= 1", message="spec.podTemplate.spec.containers holds at most one "
-             "entry, the trainer (a worker runs one container)",
-             check=lambda t: len(t.containers) <= 1, field_path=".containers"),
+        Rule(cel=f"self.volumes.all(v, !(v.name in {_RESERVED_VOLUMES_CEL}))",
+             message=f"spec.podTemplate.spec.volumes: {_RESERVED_VOLUMES_TEXT} are the names of the operator's "
+                     "own volumes in every worker pod: name yours otherwise",
+             check=lambda t: not any(v.get("name") in RESERVED_VOLUMES for v in t.volumes), field_path=".volumes"),
     )
 
     service_account_name: str = field("", doc="ServiceAccount of the workers (default: one the operator creates).")
     image_pull_secrets: list[Any] = field([], free_form=True, doc="core/v1 LocalObjectReferences for the image.")
-    volumes: list[Any] = field([], free_form=True, doc="core/v1 Volumes added to the pod (mount them with volumeMounts).")
+    volumes: list[Any] = field([], free_form=True, named=True, max_items=MAX_TEMPLATE_ITEMS,
+                               doc="core/v1 Volumes added to the pod (mount them with volumeMounts); the operator's "
+                                   f"own volumes' names ({_RESERVED_VOLUMES_TEXT}) are taken.")
     security_context: TemplateSecurity = field(TemplateSecurity, doc="UID, GID and fsGroup of the trainer.")
-    containers: list[TemplateContainer] = field([], doc="At most one: the trainer container's additions.")
+    containers: list[TemplateContainer] = field(
+        [], max_items=1, doc="At most one, the trainer container's additions: a worker runs one container.")
 
 
 @dataclass

@@ -27,6 +27,9 @@ from typing import Any, Literal, TypeGuard, Union, get_args, get_origin
 MISSING = dataclasses.MISSING
 # The API server's integers are int64: a larger number in an integer field is refused.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# The longest name of a named free-form item: a DNS label, as core/v1 volume names are. (A bound also
+# keeps the CEL rules that read the names within the API server's cost budget.)
+ITEM_NAME_MAX = 63
 
 
 class ValidationError(ValueError):
@@ -112,12 +115,17 @@ def field(
     pattern: str | None = None,
     pattern_message: str | None = None,
     free_form: bool = False,
+    named: bool = False,
+    max_items: int | None = None,
     strict: bool = True,
 ) -> Any:
     """Declare a model field. Mutable defaults are copied per instance.
 
     ``free_form`` marks an object whose contents Kubernetes or the user own
     (resources, affinity, modelArgs): kept as-is and not validated here.
+    ``named`` (a free-form list) declares its items' ``name``: a required string of at most
+    :data:`ITEM_NAME_MAX` characters, which CEL rules can then read (core/v1 volumes, mounts).
+    ``max_items`` bounds a list (the API server's CEL cost estimate needs bounds on what a rule iterates).
     """
     meta = {
         "doc": doc,
@@ -127,6 +135,8 @@ def field(
         "pattern": pattern,
         "pattern_message": pattern_message,
         "free_form": free_form,
+        "named": named,
+        "max_items": max_items,
     }
     if isinstance(default, (dict, list)):
         frozen = copy.deepcopy(default)
@@ -239,9 +249,14 @@ def _type_schema(tp: Any, meta: typing.Mapping[str, Any]) -> dict[str, Any]:
         (item,) = get_args(tp)
         if item is Any or meta.get("free_form"):
             item_s = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+            if meta.get("named"):
+                item_s["required"] = ["name"]
+                item_s["properties"] = {"name": {"type": "string", "maxLength": ITEM_NAME_MAX}}
         else:
             item_s = _type_schema(item, {})
         s = {"type": "array", "items": item_s}
+        if meta.get("max_items") is not None:
+            s["maxItems"] = meta["max_items"]
     else:
         raise TypeError(f"unsupported model type {tp!r}")
     if meta.get("minimum") is not None:
@@ -352,14 +367,26 @@ def _parse_value(tp: Any, meta: typing.Mapping[str, Any], value: Any, path: str)
                 if v is not None or keep_null}
     elif origin is list:
         _check_type(value, list, path, "array")
+        if meta.get("max_items") is not None and len(value) > meta["max_items"]:
+            raise ValidationError(f"{path}: must have at most {meta['max_items']} items, got {len(value)}")
         (item,) = get_args(tp)
         if item is Any or meta.get("free_form"):
             for i, v in enumerate(value):  # the schema's items are objects (core/v1 ones): contents unchecked
                 _check_type(v, dict, f"{path}[{i}]", "object")
+                if meta.get("named"):
+                    _check_name(v.get("name"), f"{path}[{i}].name")
             return copy.deepcopy(value)
         return [_parse_value(item, {}, v, f"{path}[{i}]") for i, v in enumerate(value)]
     _check_bounds(value, meta, path)
     return value
+
+
+def _check_name(name: Any, path: str) -> None:
+    if name is None:
+        raise ValidationError(f"{path}: required field is missing")
+    _check_type(name, str, path, "string")
+    if len(name) > ITEM_NAME_MAX:
+        raise ValidationError(f"{path}: must be at most {ITEM_NAME_MAX} characters, got {len(name)}")
 
 
 def _whole(value: Any) -> Any:

@@ -25,7 +25,16 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from cohort.api.models import GPU_RESOURCE, Resources, TemplateContainer, TrainingJobSpec
+from cohort.api.models import (
+    CHECKPOINT_VOLUME,
+    CONFIG_VOLUME,
+    GPU_RESOURCE,
+    SCRATCH_VOLUME,
+    SHM_VOLUME,
+    Resources,
+    TemplateContainer,
+    TrainingJobSpec,
+)
 from cohort.api.schema import quantity_value, to_dict
 
 from .naming import (
@@ -44,13 +53,11 @@ from .naming import (
 )
 
 CONTAINER = "trainer"
-CONFIG_VOLUME = "cohort-config"
-CHECKPOINT_VOLUME = "cohort-checkpoints"
+# The operator's volumes (CONFIG_VOLUME, SCRATCH_VOLUME, CHECKPOINT_VOLUME, SHM_VOLUME) are named in
+# cohort.api.models, whose admission rules refuse a podTemplate volume or volumeMount by those names.
 # A non-root UID for images that do not set USER; runAsNonRoot alone would
 # refuse to start such an image.
-SCRATCH_VOLUME = "scratch"
 DEFAULT_UID = 65532  # the images' user (images/*.Dockerfile)
-SHM_VOLUME = "cohort-shm"
 SHM_PATH = "/dev/shm"
 
 # The env a worker gets by default, by device: each is left out when the
@@ -146,11 +153,6 @@ def shm_mount(spec: TrainingJobSpec, default_size: str) -> tuple[dict[str, Any],
             {"name": SHM_VOLUME, "mountPath": SHM_PATH})
 
 
-def _merge_named(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    taken = {v.get("name") for v in ours}
-    return ours + [copy.deepcopy(v) for v in theirs if v.get("name") not in taken]
-
-
 def checkpoint_mount(spec: TrainingJobSpec) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The checkpoint (volume, volumeMount), or None when checkpoints go to a URL."""
     path = spec.checkpoint.path
@@ -226,8 +228,9 @@ def build_worker_pod(
         shm = shm_mount(spec, defaults.shm_size)
         volumes.append(shm[0])
         mounts.append(shm[1])
-    volumes = _merge_named(volumes, t_spec.volumes)
-    mounts = _merge_named(mounts, t_container.volume_mounts)
+    # Admission refuses a template volume or mount named like ours (models.RESERVED_VOLUMES): nothing is dropped.
+    volumes += copy.deepcopy(t_spec.volumes)
+    mounts += copy.deepcopy(t_container.volume_mounts)
 
     env = _merge_env(contract_env(name), t_container.env)
     env += _env_defaults(env, GPU_ENV_DEFAULTS if gpu else CPU_ENV_DEFAULTS)
