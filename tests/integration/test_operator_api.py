@@ -182,3 +182,15 @@ def test_api_server_refuses_job_names_that_cannot_name_pods(cluster, namespace, 
     with pytest.raises(ApiException) as err:
         cluster.create_job(namespace, manifest(name, {}))
     assert err.value.status == 422 and "metadata.name" in err.value.body
+
+
+@pytest.mark.k8s
+def test_a_jobs_seed_is_immutable(cluster, namespace):
+    """Workers of one world share workload.seed (data order, shared random draws); a changed seed would
+    reach only the pods started after the change, so the API server refuses it (issue 32)."""
+    cluster.create_job(namespace, manifest("seeded", {"workload": {"seed": 3}}))
+    with pytest.raises(ApiException) as err:
+        cluster.patch_job(namespace, "seeded", {"spec": {"workload": {"seed": 4}}})
+    assert err.value.status == 422 and "spec.workload.seed" in err.value.body and "immutable" in err.value.body
+    patched = cluster.patch_job(namespace, "seeded", {"spec": {"replicas": {"target": 3}}})  # the rest still moves
+    assert patched["spec"]["replicas"]["target"] == 3 and patched["spec"]["workload"]["seed"] == 3

@@ -134,6 +134,13 @@ class Workload:
         Rule(cel="self.epochs > 0 || self.maxSteps > 0",
              message="one of spec.workload.epochs or spec.workload.maxSteps must be > 0",
              check=lambda w: w.epochs > 0 or w.max_steps > 0, field_path=".epochs"),
+        # A transition rule (oldSelf): only the API server sees both versions, so the Python twin passes.
+        # Workers of one world must share the seed (the data order, the compressors' and gossip's shared
+        # draws); a changed seed would reach only the pods started after the change.
+        Rule(cel="self.seed == oldSelf.seed",
+             message="spec.workload.seed is immutable: the workers of a running job share it (create a new "
+                     "job for another seed; docs/workloads.md)",
+             check=lambda w: True, field_path=".seed"),
     )
 
     model: str = field(pattern=_name_pattern(BUILTIN_MODELS),
@@ -163,7 +170,10 @@ class Workload:
         doc="DataLoader worker processes per rank that fetch the next steps' samples ahead of time (0: fetch in "
             "the training process). The data order stays the trainer's, so resume stays exact.")
     optimizer: Optimizer = field(Optimizer, doc="Optimizer settings.")
-    seed: int = field(0, minimum=0, doc="Seed for parameters, data order and every random choice.")
+    seed: int = field(0, minimum=0, doc="Seed for parameters, data order and every random choice. Immutable; a "
+                                        "job that resumes a checkpoint taken with another seed finishes the epoch "
+                                        "in progress in its order and orders later epochs with this one "
+                                        "(docs/workloads.md).")
     precision: Precision = field(
         "fp32", doc="Arithmetic of forward and backward: fp32; bf16 (autocast to bfloat16 on the worker's device, "
                     "GPU or CPU; under FSDP2 its MixedPrecisionPolicy: bf16 parameters in compute, fp32 gradient "

@@ -6,14 +6,27 @@ fixed ``global_batch_size``) and rank r takes its ``r``-th contiguous share
 (shares differ by at most one sample when the world does not divide it). The position is a single global offset, so it stays
 exact when the world size changes mid-epoch or a job resumes from a
 checkpoint at another size.
+
+The seed on resume. ``seed`` is the spec's (``workload.seed``); the position
+carries the seed that orders the epoch in progress (``epoch_seed``). A
+position taken with another seed (a new job resuming an old job's checkpoint,
+or a ``cohort run --local`` re-run with the seed changed; a running
+TrainingJob's seed is immutable at admission) keeps that seed until its epoch
+ends, so the epoch stays one permutation: no sample twice, none skipped. The
+next epochs are ordered by the spec's seed. A position at the very start of an
+epoch takes the spec's seed at once. Either way the result depends only on the
+checkpoint and the spec, not on the world size, and it is logged.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 class ElasticSampler:
@@ -21,15 +34,17 @@ class ElasticSampler:
         self.num_samples = num_samples
         self.batch_size = batch_size
         self.global_batch_size = global_batch_size  # 0: batch_size x world_size
-        self.seed = seed
+        self.seed = seed  # the spec's: orders every epoch this process starts
+        self.epoch_seed = seed  # orders the epoch in progress (a loaded position's own, until its epoch ends)
         self.epoch = 0
         self.offset = 0  # global samples consumed in this epoch
-        self._perm: tuple[int, torch.Tensor] | None = None
+        self._perm: tuple[tuple[int, int], torch.Tensor] | None = None
 
     def _permutation(self) -> torch.Tensor:
-        if self._perm is None or self._perm[0] != self.epoch:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-            self._perm = (self.epoch, torch.randperm(self.num_samples, generator=g))
+        key = (self.epoch, self.epoch_seed)
+        if self._perm is None or self._perm[0] != key:
+            g = torch.Generator().manual_seed(self.epoch_seed * 1_000_003 + self.epoch)
+            self._perm = (key, torch.randperm(self.num_samples, generator=g))
         return self._perm[1]
 
     def global_batch(self, world_size: int) -> int:
@@ -68,12 +83,21 @@ class ElasticSampler:
     def next_epoch(self) -> None:
         self.epoch += 1
         self.offset = 0
+        self.epoch_seed = self.seed
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "offset": self.offset, "seed": self.seed, "num_samples": self.num_samples}
+        # "seed" is the epoch in progress's (before issue 32 it was the only one, and it was ignored on load).
+        return {"epoch": self.epoch, "offset": self.offset, "seed": self.epoch_seed, "num_samples": self.num_samples}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if int(state["num_samples"]) != self.num_samples:
             raise ValueError(f"checkpoint was taken on a dataset of {state['num_samples']} samples, "
                              f"this one has {self.num_samples}")
         self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
+        taken = int(state.get("seed", self.seed))
+        self.epoch_seed = taken if self.offset > 0 else self.seed
+        if taken != self.seed:
+            log.warning("resuming a position taken with workload.seed %d; spec.workload.seed is %d: %s", taken,
+                        self.seed, f"epoch {self.epoch} continues in the order it began ({self.offset} of "
+                        f"{self.num_samples} samples done), epochs from {self.epoch + 1} on follow seed {self.seed}"
+                        if self.offset > 0 else f"epoch {self.epoch} has not begun and follows seed {self.seed}")
