@@ -39,9 +39,10 @@ class Executor:
         self.queue = queue
         self.owned = owned
 
-    async def execute(self, mem: JobMemory, job: dict[str, Any], spec: TrainingJobSpec, decision: Decision,
+    async def execute(self, mem: JobMemory, job: dict[str, Any], spec: TrainingJobSpec | None, decision: Decision,
                        gang_fields: dict[str, Any], prerequisites: asyncio.Future[Any]) -> bool:
-        """Carry out the decision; False when the job is gone."""
+        """Carry out the decision; False when the job is gone. ``spec`` is None for a job whose spec
+        cannot be parsed (decide.invalid), whose decision creates no pod."""
         ns, name = mem.key
         try:
             if decision.world is not None:
@@ -80,7 +81,7 @@ class Executor:
             self.recorder.emit(job, "Normal", "PodDeleted", f"Deleted worker pods {', '.join(pods)}: {why}")
         if created:
             self.recorder.emit(job, "Normal", "PodCreated", "Created worker pods " + ", ".join(created))
-        if decision.straggler_handled:
+        if decision.straggler_handled and spec is not None:
             mem.verdict = None
             mem.window.clear()
             mem.cooldown_until = time.monotonic() + spec.stragglers.window_seconds
@@ -115,9 +116,12 @@ class Executor:
                 out.setdefault(decision.delete[n], []).append(n)
         return out
 
-    async def _create_pods(self, mem: JobMemory, job: dict[str, Any], spec: TrainingJobSpec, decision: Decision,
-                           gang_fields: dict[str, Any]) -> list[str]:
+    async def _create_pods(self, mem: JobMemory, job: dict[str, Any], spec: TrainingJobSpec | None,
+                           decision: Decision, gang_fields: dict[str, Any]) -> list[str]:
         ns = mem.key[0]
+        if not decision.create:
+            return []
+        assert spec is not None, "a job whose spec cannot be parsed creates no pod"
         pods = [build_worker_pod(job, spec, r.index, defaults=self.settings.pod_defaults, gang=gang_fields,
                                  replaces=r.replaces, avoid=list(r.avoid_nodes), placement=decision.placement)
                 for r in decision.create]

@@ -280,14 +280,19 @@ class Finish:
 Action = Create | Delete | Shrink | Requeue | Finish
 
 
+def finish(slices: list[Slice], phase: str, reason: str, message: str) -> list[Action]:
+    """A finished job's Workloads: Finished releases the quota (Kueue keeps the Workload); one never
+    admitted just goes. Needs nothing of the spec: a job whose spec cannot be parsed finishes them too."""
+    return [Finish(s.name, reason or phase, message or f"TrainingJob {phase}") if s.admitted
+            else Delete(s.name, f"the job {phase}") for s in live(slices)]
+
+
 def plan(job: dict[str, Any], spec: TrainingJobSpec, slices: list[Slice], template: Mapping[str, Any], *,
          phase: str, finish_reason: str, finish_message: str, active_pods: int) -> list[Action]:
     """The writes that keep the job's Workloads in step with the job (after its reconcile decided)."""
     alive = live(slices)
     if phase in ("Succeeded", "Failed"):
-        # Finished releases the quota (Kueue keeps the Workload); one never admitted just goes.
-        return [Finish(s.name, finish_reason or phase, finish_message or f"TrainingJob {phase}") if s.admitted
-                else Delete(s.name, f"the job {phase}") for s in alive]
+        return finish(slices, phase, finish_reason, finish_message)
     if not queue_name(job):
         # The queue label was removed: the job runs unqueued, and holds no quota.
         return [Delete(s.name, "the job left its queue") for s in alive]

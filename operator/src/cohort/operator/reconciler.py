@@ -28,17 +28,20 @@ import logging
 import time
 from typing import Any
 
-from cohort.api.models import MANAGED_BY_SELF, TrainingJobSpec, TrainingJobStatus
+from cohort.api.models import MANAGED_BY_SELF, RunPolicy, TrainingJobSpec, TrainingJobStatus
 from cohort.api.schema import ValidationError, parse, to_dict
 
 from .decide import Inputs, decide
+from .decide.invalid import REASON as INVALID_SPEC
+from .decide.invalid import Refused, decide_invalid
 from .events import EventRecorder
 from .execute import Executor
 from .jobstate import JobKey, JobMemory
 from .kubeapi import ApiError, Kube
 from .kueue import Admission, Slice, queue_name
+from .kueue import finish as finish_workloads
 from .kueue import plan as plan_workloads
-from .lifecycle import FINAL_PHASES, get_condition, set_condition
+from .lifecycle import FINAL_PHASES, get_condition
 from .manifests import (
     CONFIG_MAP,
     NETWORK_POLICY,
@@ -270,17 +273,27 @@ class Reconciler:
         return list(pods.values())
 
     async def _invalid(self, mem: JobMemory, job: dict[str, Any], message: str) -> None:
-        # The API server validates on admission; this guards objects stored
-        # before a schema change. Say so once, and leave the job alone.
-        st = mem.status if mem.loaded else _parse_status(job)
-        cond = get_condition(st.conditions, "Failed")
-        if cond and cond.reason == "InvalidSpec" and cond.message == message:
-            return
+        """A stored spec the operator cannot parse (stored under older admission rules; the API server
+        admits by the same rules as the parser): the job fails, its pods go and its Workloads finish
+        (decide.invalid says why and how)."""
+        if not mem.loaded:
+            await self._load(mem, job)
         now = dt.datetime.now(dt.timezone.utc)
-        st.conditions = set_condition(st.conditions, "Failed", True, "InvalidSpec", message,
-                                      generation=int(job["metadata"].get("generation") or 0), now=now)
-        await self.executor.patch_status(mem, job, st)
-        self.recorder.emit(job, "Warning", "InvalidSpec", message)
+        pods = await self._observed_pods(mem)
+        slices: list[Slice] = []
+        if queue_name(job) or mem.status.replicas.admitted is not None:
+            slices, _ = await self.queues.observe(job)
+        decision = decide_invalid(Refused(job=job, status=mem.status, world=mem.world, pods=view_pods(pods, mem.uid),
+                                          now=now, message=message, ttl_seconds_after_finished=_ttl(job)))
+        done: asyncio.Future[Any] = asyncio.ensure_future(asyncio.sleep(0))
+        if not await self.executor.execute(mem, job, None, decision, {}, done):
+            return
+        final = get_condition(decision.status.conditions, decision.status.phase)
+        actions = finish_workloads(slices, decision.status.phase, final.reason if final else INVALID_SPEC,
+                                   final.message if final else message)
+        if actions:
+            self.metrics.set_queue_workers(mem.key[0], mem.key[1], None, None)
+            await self.queues.apply(job, actions)
 
     async def _load(self, mem: JobMemory, job: dict[str, Any]) -> None:
         """Durable state after a (re)start: the status, and the world ConfigMap (the authority)."""
@@ -323,3 +336,11 @@ def _parse_status(job: dict[str, Any]) -> TrainingJobStatus:
         return TrainingJobStatus()
 
 
+
+
+def _ttl(job: dict[str, Any]) -> int | None:
+    """runPolicy.ttlSecondsAfterFinished of a job whose spec as a whole cannot be parsed, if that section can."""
+    try:
+        return parse(RunPolicy, (job.get("spec") or {}).get("runPolicy"), "spec.runPolicy").ttl_seconds_after_finished
+    except (ValidationError, AttributeError):
+        return None
