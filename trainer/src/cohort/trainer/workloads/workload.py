@@ -11,11 +11,17 @@ User code plugs in through ``"pkg.module:function"`` strings:
   ``make_model(info, **modelArgs)`` with the dataset's :class:`DataInfo`, and
   returns an ``nn.Module`` (trained with the task's loss), or a whole
   :class:`Workload` (model, data, loss and metrics of its own).
+
+That is entry-point contract :data:`~cohort.trainer.workloads.ENTRY_POINT_CONTRACT`
+(docs/workloads.md). An entry point that cannot be called so, or returns another
+type, fails the worker with a :class:`WorkloadError` naming the field and the
+expected type: ``cohort-train`` exits 2 with it.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +33,7 @@ from torch import nn
 
 from cohort.api.models import TrainingJobSpec
 
+from . import ENTRY_POINT_CONTRACT
 from .data import Data
 from .datasets import DATASETS
 from .models import MODELS, DataInfo
@@ -93,11 +100,20 @@ def load_entry_point(ref: str, field_name: str) -> Callable[..., Any]:
     return fn
 
 
+CONTRACT = f"entry-point contract {ENTRY_POINT_CONTRACT}, docs/workloads.md"
+
+
 def build_data(name: str, args: dict[str, Any]) -> Data:
     if ":" in name:
-        data = _call(load_entry_point(name, "spec.workload.dataset"), "spec.workload.dataset", **args)
+        fn = load_entry_point(name, "spec.workload.dataset")
+        data = _call_entry(fn, name, "spec.workload.dataset", "f(**datasetArgs)", **args)
         if not isinstance(data, Data):
-            raise WorkloadError(f"spec.workload.dataset: {name} returned {type(data).__name__}, expected Data")
+            raise WorkloadError(f"spec.workload.dataset: {name} returned a {type(data).__name__}, expected a "
+                                f"cohort.trainer.workloads.data.Data ({CONTRACT})")
+        try:
+            data.check()  # fields changed after it was built
+        except (TypeError, ValueError) as e:
+            raise WorkloadError(f"{e} ({CONTRACT})") from e
         return data
     if name not in DATASETS:
         raise WorkloadError(f"spec.workload.dataset: unknown dataset {name!r}; built-in: {', '.join(DATASETS)}")
@@ -110,12 +126,19 @@ def build_workload(spec: TrainingJobSpec, seed: int | None = None) -> Workload:
     data = build_data(w.dataset, w.dataset_args)
     torch.manual_seed(w.seed if seed is None else seed)
     if ":" in w.model:
-        made = _call(load_entry_point(w.model, "spec.workload.model"), "spec.workload.model", data.info, **w.model_args)
+        fn = load_entry_point(w.model, "spec.workload.model")
+        made = _call_entry(fn, w.model, "spec.workload.model", "f(info, **modelArgs)", data.info, **w.model_args)
         if isinstance(made, Workload):
+            if not isinstance(made.model, nn.Module) or not isinstance(made.data, Data):
+                wrong = "model" if not isinstance(made.model, nn.Module) else "data"
+                raise WorkloadError(f"spec.workload.model: {w.model} returned a Workload whose {wrong} is a "
+                                    f"{type(getattr(made, wrong)).__name__}, expected a "
+                                    f"{'torch.nn.Module' if wrong == 'model' else 'cohort.trainer.workloads.data.Data'}"
+                                    f" ({CONTRACT})")
             return made
         if not isinstance(made, nn.Module):
-            raise WorkloadError(f"spec.workload.model: {w.model} returned {type(made).__name__}, "
-                                "expected an nn.Module or a Workload")
+            raise WorkloadError(f"spec.workload.model: {w.model} returned a {type(made).__name__}, expected a "
+                                f"torch.nn.Module or a cohort.trainer.workloads.workload.Workload ({CONTRACT})")
         return Workload(made, data)
     if w.model not in MODELS:
         raise WorkloadError(f"spec.workload.model: unknown model {w.model!r}; built-in: {', '.join(MODELS)}")
@@ -126,13 +149,25 @@ def build_workload(spec: TrainingJobSpec, seed: int | None = None) -> Workload:
     return Workload(_call(MODELS[w.model], "spec.workload.modelArgs", data.info, **w.model_args), data)
 
 
+def _call_entry(fn: Callable[..., Any], ref: str, field_name: str, expected: str, *args: Any, **kwargs: Any) -> Any:
+    """Call a user's entry point; one that cannot take the contract's arguments is named as such."""
+    try:
+        inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError as e:
+        raise WorkloadError(f"{field_name}: {ref} cannot be called as {expected} ({CONTRACT}): {e}") from e
+    except ValueError:
+        pass  # no signature to read (a builtin): let the call say what is wrong
+    return _call(fn, field_name, *args, **kwargs)
+
+
 def _call(fn: Callable[..., Any], field_name: str, *args: Any, **kwargs: Any) -> Any:
     try:
         return fn(*args, **kwargs)
     except WorkloadError:
         raise
     except (TypeError, ValueError, OSError) as e:  # bad arguments, bad files
-        raise WorkloadError(f"{field_name}: {e}") from e
+        message = str(e)
+        raise WorkloadError(message if message.startswith(field_name) else f"{field_name}: {message}") from e
 
 
 __all__ = ["DataInfo", "Workload", "WorkloadError", "build_workload", "summarize"]
