@@ -20,20 +20,30 @@ import torch.distributed as dist
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 
+class _Slot:
+    """Where the ``index``-th tensor goes back into the state's structure."""
+
+    def __init__(self, index: int):
+        self.index = index
+
+
 def broadcast_state(state: Any, src: int, rank: int, device: torch.device,
                     group: dist.ProcessGroup | None = None) -> tuple[Any, int]:
     """Every rank returns rank ``src``'s ``state`` (its own on ``src``) and the bytes handed over."""
-    leaves, spec = tree_flatten(state) if rank == src else ([], None)
-    tensors = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
     header: list[Any] = [None]
+    leaves: list[Any] = []
     if rank == src:
-        layout = [(i, tuple(leaves[i].shape), leaves[i].dtype, leaves[i].device.type != "cpu") for i in tensors]
-        skeleton = [None if isinstance(v, torch.Tensor) else v for v in leaves]
-        header = [pickle.dumps((skeleton, spec, layout))]
+        leaves, spec = tree_flatten(state)
+        layout = [(i, tuple(v.shape), v.dtype, v.device.type != "cpu")
+                  for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+        # The structure with a slot per tensor (a plain nested object: torch's TreeSpec is not for pickling).
+        skeleton = tree_unflatten([_Slot(i) if isinstance(v, torch.Tensor) else v for i, v in enumerate(leaves)],
+                                  spec)
+        header = [pickle.dumps((skeleton, layout))]
     dist.broadcast_object_list(header, src=src, group=group)
-    skeleton, spec, layout = pickle.loads(header[0])
+    skeleton, layout = pickle.loads(header[0])
     nbytes = len(header[0])
-    out = list(skeleton)
+    received: dict[int, torch.Tensor] = {}
     groups: dict[tuple[bool, torch.dtype], list[tuple[int, tuple[int, ...]]]] = {}
     for i, shape, dtype, on_device in layout:
         groups.setdefault((on_device, dtype), []).append((i, shape))
@@ -48,9 +58,12 @@ def broadcast_state(state: Any, src: int, rank: int, device: torch.device,
         offset = 0
         for i, shape in members:
             n = _numel(shape)
-            out[i] = leaves[i] if rank == src else flat[offset:offset + n].view(shape).clone()
+            received[i] = flat[offset:offset + n].view(shape).clone()
             offset += n
-    return tree_unflatten(out, spec), nbytes
+    if rank == src:
+        return state, nbytes
+    slots, spec = tree_flatten(skeleton)
+    return tree_unflatten([received[v.index] if isinstance(v, _Slot) else v for v in slots], spec), nbytes
 
 
 def _numel(shape: tuple[int, ...]) -> int:
