@@ -13,7 +13,7 @@ export PYTHONUNBUFFERED := 1
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 18
 
-venv:  ## create/refresh the cached virtualenv (torch, kopf, dev tools; api, operator and trainer editable)
+venv:  ## create/refresh the cached virtualenv (torch, kopf, dev tools; api, client, operator and trainer editable)
 	@hack/venv.sh
 
 binaries:  ## build the pinned control-plane binaries into ~/.cache/cohort/bin (once)
@@ -31,9 +31,10 @@ crds:  ## regenerate crds/, the chart's CRD and docs/api.md from the API models 
 check-generated:  ## fail if generated files are stale
 	@$(PY) -m cohort.api.generate --check
 
-lint:  ## ruff everywhere, mypy on the API, the operator and the trainer
+lint:  ## ruff everywhere, mypy on the API, the client, the operator and the trainer
 	@$(VENV)/bin/ruff check .
 	@cd api && $(VENV)/bin/mypy src
+	@cd client && $(VENV)/bin/mypy src
 	@cd operator && $(VENV)/bin/mypy src
 	@cd trainer && $(VENV)/bin/mypy src
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Ensures the one cached virtualenv exists and has this checkout's three projects
+# Ensures the one cached virtualenv exists and has this checkout's four projects
 # installed editable, then prints its path.
 #
 # The venv lives in $COHORT_CACHE/venv/<python>-<hash of requirements.txt>, so
@@ -32,11 +32,11 @@ fi
 # Editable installs of this checkout (no deps: those are pinned above).
 # The marker names the checkout and its projects, so adding a project re-installs.
 marker="$VENV/.editable-root"
-editable="$REPO_ROOT (api operator trainer)"
+editable="$REPO_ROOT (api client operator trainer)"
 if [[ "$(cat "$marker" 2>/dev/null)" != "$editable" ]]; then
-  log "installing cohort-api, cohort-operator and cohort-trainer from $REPO_ROOT (editable)"
+  log "installing cohort-api, cohort-client, cohort-operator and cohort-trainer from $REPO_ROOT (editable)"
   "$VENV/bin/pip" install -q --no-deps --no-build-isolation \
-    -e "$REPO_ROOT/api" -e "$REPO_ROOT/operator" -e "$REPO_ROOT/trainer" >&2
+    -e "$REPO_ROOT/api" -e "$REPO_ROOT/client" -e "$REPO_ROOT/operator" -e "$REPO_ROOT/trainer" >&2
   echo "$editable" > "$marker"
 fi
 echo "$VENV"

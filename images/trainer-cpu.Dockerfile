@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# The Cohort trainer image, CPU only: `cohort-train` (and `cohort`) with torch's
+# The Cohort trainer image, CPU only: `cohort-train` (what a worker runs) with torch's
 # CPU build, running as a non-root user (UID 65532, the worker pods' default).
 # Build from the repository root (images/build.sh):
 #   docker build -f images/trainer-cpu.Dockerfile -t cohort-trainer:0.1.0 .

@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# The Cohort trainer image with CUDA: `cohort-train` (and `cohort`) with torch's
+# The Cohort trainer image with CUDA: `cohort-train` (what a worker runs) with torch's
 # default Linux build, whose wheels bring the CUDA runtime, cuDNN and NCCL as
 # Python packages, so the base stays a slim Python and only the node's NVIDIA
 # driver is needed (through the NVIDIA container toolkit). Runs as a non-root

@@ -2,6 +2,8 @@
 
 - cohort.operator never imports torch or cohort.trainer;
 - cohort.api (the models) imports neither kopf nor the Kubernetes client;
+- cohort.client (the SDK and the `cohort` command) imports neither torch, kopf, the operator nor the trainer
+  (it reaches the trainer's commands through importlib, only when one is run);
 - cohort.trainer never imports kopf or cohort.operator;
 - the planner core (cohort.trainer.planner) imports nothing but itself and the
   standard library: parallel/, profiling and calibrate use it, never the reverse;
@@ -45,6 +47,7 @@ def violations(root: Path, banned: tuple[str, ...]) -> list[str]:
 
 @pytest.mark.parametrize("root, banned", [
     ("api/src/cohort/api", ("kopf", "kubernetes", "torch", "cohort.operator", "cohort.trainer")),
+    ("client/src/cohort/client", ("torch", "kopf", "cohort.operator", "cohort.trainer")),
     ("operator/src/cohort/operator", ("torch", "cohort.trainer")),
     ("trainer/src/cohort/trainer", ("kopf", "kubernetes", "cohort.operator")),
 ])

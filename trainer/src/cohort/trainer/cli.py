@@ -1,4 +1,8 @@
-"""Command lines: ``cohort-train`` (what runs in a pod) and ``cohort`` (run, validate, plan, calibrate).
+"""Command lines: ``cohort-train`` (what runs in a pod) and ``cohort``'s trainer commands (run, validate,
+plan, calibrate, train).
+
+The ``cohort`` console script is cohort-client's (``cohort.client.cli``): it serves the cluster
+commands itself and hands these, argv unchanged, to :func:`main` here.
 
 Bad input exits 2 with one line that names the field or module at fault.
 """
@@ -65,7 +69,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     if not args.local:
-        return _fail("cohort run needs --local (to run on Kubernetes: kubectl apply -f " + args.manifest + ")")
+        return _fail(f"cohort run needs --local (to run on Kubernetes: cohort submit {args.manifest}, "
+                     f"or kubectl apply -f {args.manifest})")
     try:
         cfg = load_manifest(args.manifest)
     except ValidationError as e:

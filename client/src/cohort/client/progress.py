@@ -1,0 +1,54 @@
+"""Progress as one line of text: what ``cohort submit --watch`` and ``cohort status`` print.
+
+Pure functions of a :class:`~cohort.client.job.TrainingJob`, so the format is
+tested without a cluster. Unknown values (no percent before the first step,
+no ETA before the throughput is known) print as ``-``.
+"""
+
+from __future__ import annotations
+
+from .job import TrainingJob
+
+BAR_WIDTH = 20
+
+
+def format_duration(seconds: float | None) -> str:
+    """``1h02m``, ``3m05s``, ``42s``; ``-`` when unknown."""
+    if seconds is None or seconds < 0:
+        return "-"
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+def format_rate(value: float | None) -> str:
+    """``12.3k``, ``950``, ``1.20M``; ``-`` when unknown."""
+    if value is None:
+        return "-"
+    if value >= 1e6:
+        return f"{value / 1e6:.2f}M"
+    if value >= 1e4:
+        return f"{value / 1e3:.1f}k"
+    return f"{value:.0f}"
+
+
+def progress_bar(percent: float | None, width: int = BAR_WIDTH) -> str:
+    if percent is None:
+        return "[" + " " * width + "]"
+    filled = max(0, min(width, int(percent / 100 * width)))
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def format_progress(job: TrainingJob) -> str:
+    """One line: name, phase, bar, percent, step, ETA, loss, throughput, world size, recoveries."""
+    p, st = job.progress, job.status
+    pct = "-" if p.percent is None else f"{p.percent:.1f}%"
+    loss = "-" if p.loss is None else f"{p.loss:.4g}"
+    rate = (f"{format_rate(p.tokens_per_second)} tok/s" if p.tokens_per_second is not None
+            else f"{format_rate(p.samples_per_second)} samples/s")
+    return (f"{job.name} {job.phase:<10} {progress_bar(p.percent)} {pct:>6}  step {p.step}  "
+            f"ETA {format_duration(p.eta_seconds)}  loss {loss}  {rate}  "
+            f"world {st.world.size} (v{st.world.version})  recoveries {job.recoveries}")
