@@ -155,7 +155,8 @@ def test_success_policy_then_ttl_cleans_up(cluster, namespace, operator, policy)
     job = wait_for(lambda: (lambda j: j if j.get("status", {}).get("replicas", {}).get("spares") == 1 else None)(
         cluster.get_job(namespace, "done")), 20, what="running with a spare")
     rank0, rank1 = job["status"]["world"]["members"]
-    summary = json.dumps({"step": 120, "epoch": 3, "loss": 0.05, "accuracy": 0.96, "samplesPerSecond": 800.0})
+    summary = json.dumps({"step": 120, "epoch": 3, "loss": 0.05, "accuracy": 0.96, "samplesPerSecond": 800.0,
+                          "tokensPerSecond": 800.0})
     if policy == "all":
         terminate(cluster, namespace, rank1, 0, summary)
         time.sleep(1.5)
@@ -164,8 +165,8 @@ def test_success_policy_then_ttl_cleans_up(cluster, namespace, operator, policy)
     out = kubectl(cluster, "wait", "--for=condition=Succeeded", "tj/done", "-n", namespace, "--timeout=20s")
     assert out.returncode == 0, out.stderr
     table = kubectl(cluster, "get", "tj/done", "-n", namespace).stdout.splitlines()  # before the 3 s TTL
-    assert table[0].split() == ["NAME", "PHASE", "READY", "STEP", "PROGRESS", "ETA", "LOSS", "AGE"], table
-    assert table[1].split()[3:7] == ["120", "100", "0", "0.05"], table
+    assert table[0].split() == ["NAME", "PHASE", "READY", "STEP", "PROGRESS", "ETA", "LOSS", "TOKENS/S", "AGE"], table
+    assert table[1].split()[3:8] == ["120", "100", "0", "0.05", "800"], table
     job = cluster.get_job(namespace, "done")
     st = job["status"]
     assert st["phase"] == "Succeeded" and st["completionTime"]
