@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import cast
 
 from cohort.api.models import Phase, TrainingJobSpec
@@ -19,15 +20,7 @@ def finished(observed: Inputs, decision: Decision) -> None:
     for view in observed.pods:
         if view.owned and view.active:
             decision.remove(view, f"job {status.phase}")
-    ttl = observed.spec.run_policy.ttl_seconds_after_finished
-    done_at = parse_time(status.completion_time)
-    if ttl is not None and done_at is not None:
-        left = seconds_until(done_at, observed.now) + ttl
-        if left <= 0:
-            decision.delete_job = True
-            decision.event("TTLExpired", f"Deleting the job: runPolicy.ttlSecondsAfterFinished={ttl} passed")
-        else:
-            decision.requeue(left)
+    expire_after_ttl(observed.spec.run_policy.ttl_seconds_after_finished, observed.now, decision)
     status.replicas.active = 0
     status.replicas.ready = 0
     status.replicas.spares = 0
@@ -116,3 +109,16 @@ def _finish(observed: Inputs, decision: Decision, phase: str, reason: str, messa
     decision.event(phase, f"{reason}: {message}", warning=phase == "Failed")
     finished(observed, decision)
     status.world.size = observed.world.size
+
+
+def expire_after_ttl(ttl: int | None, now: datetime, decision: Decision) -> None:
+    """Delete a finished job ``ttl`` seconds after its completionTime (runPolicy.ttlSecondsAfterFinished)."""
+    done_at = parse_time(decision.status.completion_time)
+    if ttl is None or done_at is None:
+        return
+    left = seconds_until(done_at, now) + ttl
+    if left <= 0:
+        decision.delete_job = True
+        decision.event("TTLExpired", f"Deleting the job: runPolicy.ttlSecondsAfterFinished={ttl} passed")
+    else:
+        decision.requeue(left)

@@ -27,11 +27,12 @@ from typing import Any
 
 from cohort.api.models import TrainingJobStatus
 
-from ..lifecycle import FINAL_PHASES, fmt_time, parse_time, phase_conditions, seconds_until
+from ..lifecycle import FINAL_PHASES, fmt_time, phase_conditions
 from ..naming import selector_string
 from ..observe import PodView
 from ..world import World
 from .decision import Decision
+from .finish import expire_after_ttl
 
 REASON = "InvalidSpec"
 
@@ -73,13 +74,5 @@ def decide_invalid(observed: Refused) -> Decision:
             final_reason=REASON, final_message=observed.message, generation=observed.generation, now=observed.now)
         decision.event(REASON, f"The job failed: its spec cannot run: {observed.message}", warning=True)
     status.replicas.active = status.replicas.ready = status.replicas.spares = 0  # as finish.finished
-    ttl = observed.ttl_seconds_after_finished
-    done_at = parse_time(status.completion_time)
-    if ttl is not None and done_at is not None:
-        left = seconds_until(done_at, observed.now) + ttl
-        if left <= 0:
-            decision.delete_job = True
-            decision.event("TTLExpired", f"Deleting the job: runPolicy.ttlSecondsAfterFinished={ttl} passed")
-        else:
-            decision.requeue(left)
+    expire_after_ttl(observed.ttl_seconds_after_finished, observed.now, decision)
     return decision
