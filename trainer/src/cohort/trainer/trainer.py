@@ -179,9 +179,11 @@ class Trainer:
         self.world, self.rank = world, rank
         logmod.context.update(rank=rank, world_version=world.version)
         self.metrics.update_progress(state="recovering" if self.joined else "joining")
-        if self.static and not dist.is_initialized():
-            dist.init_process_group(backend_for(self.device), timeout=datetime.timedelta(seconds=self.rdzv.timeout_s),
-                                    device_id=self.device if self.device.type == "cuda" else None)
+        if self.static:  # torchrun-style: the environment's group (unless the caller formed one)
+            if not dist.is_initialized():
+                dist.init_process_group(backend_for(self.device),
+                                        timeout=datetime.timedelta(seconds=self.rdzv.timeout_s),
+                                        device_id=self.device if self.device.type == "cuda" else None)
         else:
             self.rdzv.join(world, rank, is_newer=lambda: self._latest_version() > world.version)
         log.info("process group formed", extra={"size": world.size, "t": time.time()})
@@ -356,7 +358,7 @@ class Trainer:
         self.loss_ema = loss if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * loss
         m.samples_per_second.set(self.sps_ema)
         m.tokens_per_second.set(self.throughput.tokens_per_second(self.sps_ema))
-        mfu = self.throughput.mfu(self.sps_ema, self.world.size if self.world else 1)
+        mfu = self._mfu()
         if mfu is not None:
             m.mfu.set(mfu)
         peak = peak_memory_bytes(self.device)
