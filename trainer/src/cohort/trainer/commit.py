@@ -15,8 +15,13 @@ collectives included, then refuses the step if any of these holds:
   or code that learns of an asynchronous failure);
 - a backend of the default group reports an error (``Backend.get_error``:
   NCCL's timeouts and communicator errors; gloo raises instead and has none);
-- a newer world was published while the step ran (its collectives may have
-  mixed members of two worlds).
+A newer world published while the step ran is **not** a reason: if the step's
+collectives completed, every member of this world contributed and the update
+is the same on every rank. Refusing it would split the ranks (one sees the new
+world before its gate, another after) and lose the step on the ranks that
+refused it; a preempted job's rank 0 would then checkpoint one step behind
+a peer (tests/e2e/test_kueue.py caught exactly that). The trainer checks the
+world between steps instead.
 
 A refused step raises :class:`StepDiscarded` with the gradients dropped and
 the parameters, optimizer state and step counter untouched: the state is the
@@ -26,8 +31,6 @@ committed step among its members (trainer.py ``_agree_on_state``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.distributed as dist
 
@@ -35,7 +38,7 @@ from .runtime.device import synchronize
 
 
 class StepDiscarded(RuntimeError):
-    """The step's update was not applied: its collectives failed or the world changed under it."""
+    """The step's update was not applied: its collectives failed."""
 
 
 def group_errors(device: torch.device) -> list[str]:
@@ -55,8 +58,8 @@ def group_errors(device: torch.device) -> list[str]:
 
 
 class CommitGate:
-    def __init__(self, device: torch.device, world_changed: Callable[[], bool] = lambda: False):
-        self.device, self.world_changed = device, world_changed
+    def __init__(self, device: torch.device):
+        self.device = device
         self._failures: list[str] = []
 
     def begin(self) -> None:
@@ -71,7 +74,5 @@ class CommitGate:
         """Raise StepDiscarded unless this step may be applied (waits for the step's device work)."""
         synchronize(self.device)
         reasons = list(self._failures) + group_errors(self.device)
-        if self.world_changed():
-            reasons.append("a newer world was published during the step")
         if reasons:
             raise StepDiscarded("step discarded: " + "; ".join(reasons))

@@ -1,8 +1,8 @@
 """One optimizer step on this rank: forward, backward, synchronisation, the optimizer, and what each cost.
 
 Reads like nanoGPT's step: autocast, forward, (scaled) backward, clip, the
-commit gate (commit.py: did every collective of the step complete, in this
-world?), step.
+commit gate (commit.py: did every collective of the step complete without
+error?), step.
 The synchronisation is the plan's: DDP's comm hooks fire inside backward,
 FSDP2 reduce-scatters there too, and gossip and local SGD act in
 ``plan.after_step``. Everything here runs on the worker's device; the batch
@@ -85,7 +85,7 @@ class StepRunner:
         backward_done = self.clock.mark()
         handed_off = self.stats.last_hook if self.stats.hooks > hooks_before else backward_done
         after_backward()
-        self._commit_or_discard(optimizer)  # the gradients' collectives completed, in this world
+        self._commit_or_discard(optimizer)  # the gradients' collectives completed without error
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)  # clipping sees true gradients
         if self.clip_norm > 0:

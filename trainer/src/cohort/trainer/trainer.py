@@ -100,7 +100,7 @@ class Trainer:
         self.loader = BatchLoader(data.train, self.spec.workload.data_loader_workers,
                                   pin_memory=self.device.type == "cuda")
         self.stats = CommStats()
-        self.gate = CommitGate(self.device, self._world_moved)
+        self.gate = CommitGate(self.device)
         self.stepper = StepRunner(self.spec, self.device, self.stats, self.gate)
         self.state = TrainState(self.model, self.optimizer, self.sampler, self.device, self.stepper.scaler)
         self.throughput = Throughput.of(self.workload, self.device, self.spec.workload.precision)
@@ -274,10 +274,6 @@ class Trainer:
         self.metrics.update_progress(state="recovering")
         if not self.static:
             Rendezvous.leave()
-
-    def _world_moved(self) -> bool:
-        """A newer world than the one this process trains in has been published (the commit gate asks)."""
-        return not self.static and self.world is not None and self._latest_version() != self.world.version
 
     def _latest_version(self) -> int:
         latest = self.worlds.latest
