@@ -50,6 +50,7 @@ from cohort.api.models import TrainingJobSpec  # noqa: E402
 from cohort.api.schema import parse, to_dict  # noqa: E402
 from cohort.operator.pods import build_worker_pod  # noqa: E402
 from cohort.operator.settings import Settings  # noqa: E402
+from cohort.trainer.runtime.ports import free_port  # noqa: E402
 from tests.support.wait import wait_for  # noqa: E402
 
 GROUP, VERSION, PLURAL = "cohort.dev", "v1alpha1", "trainingjobs"
@@ -246,13 +247,6 @@ def settle(metrics_port: int, quiet_s: float = 5, timeout_s: float = 300) -> flo
         elif time.monotonic() - since >= quiet_s:
             return since
     return time.monotonic()
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_operator(cluster: Cluster, n_jobs: int, workers: int, concurrency: int, idle_s: float,

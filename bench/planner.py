@@ -103,7 +103,7 @@ def _step_worker(rank: int, world: int, port: int, args: argparse.Namespace, pla
 def measure_plans(args: argparse.Namespace, plans: list) -> list[float]:
     import torch.multiprocessing as mp
 
-    from cohort.trainer.calibrate import free_port
+    from cohort.trainer.runtime.ports import free_port
 
     ctx = mp.get_context("spawn")
     out = ctx.SimpleQueue()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from kubernetes.client.rest import ApiException
 
+from cohort.trainer.runtime.ports import free_port
 from tests.support.kube import wait_for
 from tests.support.paths import kubectl_bin, pinned
 from tests.support.specs import with_workload
@@ -84,20 +85,14 @@ def test_server_reports_the_pinned_version(cluster):
     assert version["clientVersion"]["gitVersion"] == pinned("K8S_VERSION")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _second_cluster_env(tmp_path: Path) -> dict[str, str]:
     # The control plane alone: real nodes are one cluster's per machine (the session's).
     base = {"COHORT_CLUSTER_DIR": str(tmp_path / "cluster"), "COHORT_REAL_NODES": "0"}
     for var in ("APISERVER", "ETCD", "KCM", "SCHEDULER", "KWOK"):
-        base[f"COHORT_{var}_PORT"] = str(_free_port())
+        base[f"COHORT_{var}_PORT"] = str(free_port())
     # etcd uses port+1 for peers: pick a pair that is free.
     while True:
-        p = _free_port()
+        p = free_port()
         try:
             with socket.socket() as s:
                 s.bind(("127.0.0.1", p + 1))

@@ -17,7 +17,6 @@ import copy
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
+from cohort.trainer.runtime.ports import free_port
 from tests.support.kube import Cluster, condition, wait_for
 from tests.support.paths import kubectl_bin
 from tests.support.specs import WORKLOAD
@@ -39,12 +39,6 @@ MANUAL_SCHEDULER = "manual"  # no scheduler serves it: tests bind pods themselve
 # handles unlabelled jobs) never acts on a test's job, and vice versa.
 TEST_INSTANCE = "test"
 KWOK_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Operator:

@@ -11,7 +11,6 @@ Processes that outlive ``timeout_s`` are killed, and the test fails.
 from __future__ import annotations
 
 import datetime
-import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -25,13 +24,10 @@ from tests.support.specs import WORKLOAD
 
 from cohort.api.jobconfig import from_manifest
 from cohort.api.models import OWN_MOMENTUM
+from cohort.trainer.runtime.ports import free_port
 from cohort.trainer.runtime.process_group import exit_process
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["free_port", "job_spec", "run_ranks"]
 
 
 def job_spec(sync: str = "allreduce", method: str = "none", topology: str = "ring", period: int = 1,

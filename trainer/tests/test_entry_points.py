@@ -10,7 +10,6 @@ a message naming the field and the expected type.
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import textwrap
 import warnings
@@ -22,6 +21,7 @@ from tests.support.local import cohort, manifest, run_local, write_manifest
 from cohort.api.jobconfig import load_manifest
 from cohort.api.models import TrainingJobSpec
 from cohort.api.schema import parse
+from cohort.trainer.runtime.ports import free_port
 from cohort.trainer.workloads import CONTRACT_1_REMOVED_IN, ENTRY_POINT_CONTRACT
 from cohort.trainer.workloads.data import Data
 from cohort.trainer.workloads.datasets import Data as DataWhereContract1HadIt
@@ -131,12 +131,6 @@ def test_a_model_entry_point_breaking_the_contract_is_named(user_package, entry,
         assert needle in message, message
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.parametrize("workload,needle", [
     ({"dataset": "user_pkg:a_dict"}, "spec.workload.dataset: user_pkg:a_dict returned a dict, expected a "
                                      "cohort.trainer.workloads.data.Data"),
@@ -151,7 +145,7 @@ def test_cohort_train_exits_2_naming_the_field_and_the_expected_type(tmp_path, u
                                     **workload})
     (tmp_path / "job.json").write_text(json.dumps(load_manifest(write_manifest(tmp_path / "m.yaml", m)).to_document()))
     proc = cohort("train", "--config", str(tmp_path / "job.json"), timeout=120,
-                  env={"PYTHONPATH": user_package, "COHORT_METRICS_PORT": str(_free_port()),
+                  env={"PYTHONPATH": user_package, "COHORT_METRICS_PORT": str(free_port()),
                        "COHORT_PATH_MAP": json.dumps({"/checkpoints": str(tmp_path / "ck")})})
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 import urllib.error
 import urllib.request
 
 import pytest
 
 from cohort.trainer.metrics import WorkerMetrics
+from cohort.trainer.runtime.ports import free_port
 
 
 def get(port: int, path: str) -> int:
@@ -21,9 +21,7 @@ def get(port: int, path: str) -> int:
 
 @pytest.fixture
 def served():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     metrics = WorkerMetrics()
     server = metrics.serve("127.0.0.1", port)
     yield metrics, port

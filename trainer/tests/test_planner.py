@@ -307,7 +307,7 @@ def _count_worker(rank: int, port: int, out) -> None:
 def test_tensor_parallel_collectives_are_the_ones_costed(tiny):
     import torch.multiprocessing as mp
 
-    from cohort.trainer.calibrate import free_port
+    from cohort.trainer.runtime.ports import free_port
 
     out = mp.get_context("spawn").SimpleQueue()
     mp.start_processes(_count_worker, args=(free_port(), out), nprocs=2, start_method="spawn")

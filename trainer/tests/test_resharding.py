@@ -17,8 +17,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-from cohort.trainer.calibrate import free_port
 from cohort.trainer.planner.dims import ParallelDims
+from cohort.trainer.runtime.ports import free_port
 from cohort.trainer.runtime.process_group import exit_process
 
 pytestmark = [pytest.mark.dist]

@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import time
 from collections.abc import Sequence
@@ -31,17 +30,12 @@ import torch.multiprocessing as mp
 
 from .planner.collectives import fit, fit_all
 from .planner.hardware import DEFAULT_CALIBRATION, Hardware, save_hardware
+from .runtime.ports import free_port
 from .runtime.process_group import exit_process
 
 SIZES = tuple(4 ** k * 1024 for k in range(0, 7))  # 1 KiB .. 4 MiB, then 16 MiB below
 MATMUL = (256, 256, 1024)                           # tokens x dim @ dim x ffn: a block's biggest matmul
 BLOCK = {"dim": 256, "n_heads": 4, "ffn_mult": 4, "seq": 32}  # the transformer block the throughput table times
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _backend() -> str:
