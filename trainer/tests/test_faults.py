@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from cohort.trainer.faults import Faults
 
 
@@ -50,3 +52,17 @@ def test_oom_fault_parses_and_fires_once_at_its_step(monkeypatch):
     for step in range(3, 8):
         other.before_step(rank=0, step=step)
 
+
+
+def test_rank_all_kills_every_rank_at_its_step(monkeypatch):
+    kills = []
+    monkeypatch.setattr("cohort.trainer.faults.die", lambda: kills.append("SIGKILL"))
+    for rank in range(3):
+        f = Faults.from_env({"COHORT_FAULT_KILL": "rank=all,step=4"})
+        for step in range(0, 4):
+            f.before_step(rank=rank, step=step)
+        assert len(kills) == rank  # not before step 4
+        f.before_step(rank=rank, step=4)
+        assert len(kills) == rank + 1
+    with pytest.raises(ValueError):
+        Faults.from_env({"COHORT_FAULT_KILL": "rank=some,step=4"})

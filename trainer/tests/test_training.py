@@ -46,10 +46,16 @@ def test_resume_after_every_worker_is_killed_is_bitwise_exact(tmp_path):
 
     ck = tmp_path / "b-ck"
     (tmp_path / "b").mkdir()
-    proc = start_local(tmp_path / "b", m, workers=2, ckpt=ck, extra=["--no-replace"])
-    wait_for_file(ck / "exact/step-00000040/COMMITTED")
-    kill_tree(proc)  # SIGKILL the launcher and every worker
-    assert not (ck / "exact/step-00000060/COMMITTED").exists(), "the run finished before it was killed"
+    # Every worker SIGKILLs itself at step 50, after the checkpoints of steps 20 and 40 were started: a kill
+    # at a known step (the test used to SIGKILL them once step 40's marker appeared, and on a loaded machine
+    # the asynchronous commit of 40 landed after the run had reached 60). Without replacements, the launcher
+    # then gives up.
+    proc = start_local(tmp_path / "b", m, workers=2, ckpt=ck, extra=["--no-replace"],
+                       env={"COHORT_FAULT_KILL": "rank=all,step=50"})
+    assert proc.wait(timeout=240) != 0
+    kill_tree(proc)
+    committed = sorted(p.parent.name for p in (ck / "exact").glob("step-*/COMMITTED"))
+    assert committed and committed[-1] in ("step-00000020", "step-00000040"), committed
 
     (tmp_path / "c").mkdir()
     resumed = run_local(tmp_path / "c", m, workers=2, ckpt=ck)

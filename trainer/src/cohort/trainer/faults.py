@@ -3,7 +3,8 @@
 ``COHORT_FAULT_SLOW=rank=R,factor=F,step=S``: from step S on, the process that
 holds rank R computes F times slower, for the rest of its life.
 ``COHORT_FAULT_KILL=rank=R,step=S``: at step S the process holding rank R
-SIGKILLs itself.
+SIGKILLs itself; ``rank=all``: every process does (a whole job lost at once,
+at a known step, as the kill-every-worker tests need).
 ``COHORT_FAULT_PARTIAL=rank=R,step=S``: at step S the process holding rank R
 behaves as if its gradients' allreduce failed after writing part of its
 result, as NCCL's can: the first half of every gradient is overwritten and
@@ -36,14 +37,22 @@ from .log import get_logger
 log = get_logger(__name__)
 
 
+EVERY_RANK = -2  # rank=all
+
+
 def _parse(value: str, name: str) -> dict[str, float]:
     out = {}
     for part in filter(None, value.split(",")):
         key, sep, v = part.partition("=")
         if not sep:
             raise ValueError(f"{name}: expected key=value pairs, got {value!r}")
-        out[key.strip()] = float(v)
+        key = key.strip()
+        out[key] = EVERY_RANK if key == "rank" and v.strip() == "all" else float(v)
     return out
+
+
+def _targets(fault_rank: int, rank: int) -> bool:
+    return fault_rank in (rank, EVERY_RANK)
 
 
 @dataclass
@@ -89,15 +98,15 @@ class Faults:
         def crossing(at: int) -> bool:  # this process reaches step `at` now, for the first time
             return before < at <= step and first < max(at, 1)
 
-        if self.kill_rank == rank and step == self.kill_step and crossing(self.kill_step):
+        if _targets(self.kill_rank, rank) and step == self.kill_step and crossing(self.kill_step):
             log.warning("fault injection: SIGKILL self", extra={"step": step, "t": time.time()})
             logging.shutdown()
             die()
-        if self.oom_rank == rank and step == self.oom_step and crossing(self.oom_step):
+        if _targets(self.oom_rank, rank) and step == self.oom_step and crossing(self.oom_step):
             log.warning("fault injection: allocating memory", extra={"step": step, "mb": self.oom_mb})
             logging.shutdown()
             exhaust_memory(self.oom_mb)
-        if not self.slowed and self.slow_rank == rank and crossing(self.slow_step):
+        if not self.slowed and _targets(self.slow_rank, rank) and crossing(self.slow_step):
             log.warning("fault injection: computing slower", extra={"step": step, "factor": self.slow_factor})
             self.slowed = True
 
@@ -105,7 +114,7 @@ class Faults:
                        report: Callable[[str], None]) -> None:
         """At the partial-write fault's step: corrupt the gradients as a half-written allreduce would, and
         ``report`` the failure (to the commit gate), once per process."""
-        if self.partial_rank != rank or step != self.partial_step or self.partial_done:
+        if not _targets(self.partial_rank, rank) or step != self.partial_step or self.partial_done:
             return
         self.partial_done = True
         with torch.no_grad():
