@@ -9,7 +9,7 @@ import pytest
 from tests.support.specs import WORKLOAD
 
 from cohort.api.models import TrainingJobSpec, TrainingJobStatus
-from cohort.api.schema import parse
+from cohort.api.schema import parse, to_dict
 from cohort.operator.decide import Decision, Inputs, decide
 from cohort.operator.lifecycle import fmt_time, get_condition
 from cohort.operator.observe import PodView
@@ -312,6 +312,21 @@ def test_progress_is_copied_into_status():
     assert (pr.step, pr.epoch, pr.loss, pr.samples_per_second, pr.plan) == (42, 1, 0.5, 1000.0, "dp=2")
     assert pr.updated_at == fmt_time(NOW)
     assert plan.status.last_checkpoint.step == 40 and plan.status.last_checkpoint.time.startswith("2026-01-01")
+
+
+def test_the_durable_checkpoint_tells_its_size_and_the_cost_of_a_restart():
+    progress = {"step": 42, "restartCostSeconds": 7.4,
+                "lastCheckpoint": {"step": 40, "location": "/c/j/step-00000040", "time": "2026-01-01T00:00:00Z",
+                                   "bytes": 123456}}
+    plan = run([pod(0), pod(1)], status=running(1, 0, 1), w=world(1, 0, 1), progress=progress)
+    d = plan.status.last_durable_checkpoint
+    assert (d.step, d.location, d.time, d.bytes, d.restart_cost_seconds) == (
+        40, "/c/j/step-00000040", "2026-01-01T00:00:00Z", 123456, 7)
+    assert to_dict(plan.status)["lastDurableCheckpoint"]["restartCostSeconds"] == 7
+    # before the first checkpoint: a restart would lose everything so far; no checkpoint is named
+    plan = run([pod(0), pod(1)], status=running(1, 0, 1), w=world(1, 0, 1),
+               progress={"step": 5, "restartCostSeconds": 3})
+    assert (plan.status.last_durable_checkpoint.step, plan.status.last_durable_checkpoint.restart_cost_seconds) == (0, 3)
 
 
 def test_progress_shows_percent_eta_and_a_readable_loss():

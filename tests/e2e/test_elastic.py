@@ -211,11 +211,14 @@ def test_every_worker_killed_resumes_from_checkpoint(cluster, namespace, real_no
     create(cluster, namespace, training_job("all", workload={"epochs": 60}))
     wait_for(lambda: (cluster.get_job(namespace, "all").get("status", {}).get("lastCheckpoint") or {}).get("step", 0) >= 200,
              120, 0.5, what="a committed checkpoint")
+    durable = cluster.get_job(namespace, "all")["status"]["lastDurableCheckpoint"]
+    assert durable["step"] >= 200 and durable["location"].endswith(f"/step-{durable['step']:08d}"), durable
+    assert durable["bytes"] > 0 and durable.get("restartCostSeconds", -1) >= 0, durable
     kubectl(cluster, "delete", "pods", "-n", namespace, "-l", "cohort.dev/job=all", "--grace-period=0", "--force")
     status = assert_succeeded(wait_finished(cluster, namespace, "all", timeout_s=300))
     records = worker_records(namespace, "all")
     resumed = [r for r in records if r["msg"] == "resumed from checkpoint"]
-    assert resumed and resumed[0]["step"] >= 200, resumed
+    assert resumed and resumed[0]["step"] >= durable["step"], (resumed, durable)
     assert status["progress"]["step"] > resumed[0]["step"]
 
 

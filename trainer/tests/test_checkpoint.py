@@ -29,6 +29,8 @@ def test_save_commits_and_prunes(tmp_path, async_save):
     assert ck.committed_steps() == [20, 30]
     assert (tmp_path / "job/step-00000030" / MARKER).exists()
     assert ck.latest().step == 30
+    files = sum(f.stat().st_size for f in (tmp_path / "job/step-00000030").iterdir() if f.name != MARKER)
+    assert files > 4 * 4 * 4 and ck.last.bytes == files == ck.latest().bytes  # the size, also after a restart
     loaded = state(0)
     ck.load(30, loaded)
     assert torch.equal(loaded["model"]["w"], torch.full((4, 4), 30.0))

@@ -610,6 +610,19 @@ class CheckpointStatus:
 
 
 @dataclass
+class DurableCheckpoint:
+    """The newest committed checkpoint and what a restart now would cost: for a scheduler choosing whom to preempt."""
+
+    step: int = field(0, doc="Step of the checkpoint.")
+    location: str = field("", doc="Where it is stored (the step's directory).")
+    time: str = field("", doc="When it was committed (RFC 3339).")
+    bytes: int = field(0, doc="Size of the checkpoint, every rank's files.")
+    restart_cost_seconds: Optional[int] = field(None, doc="The work since this checkpoint (since step 0 when "
+                                                           "there is none), in seconds at the current throughput: "
+                                                           "what a preemption now would throw away.")
+
+
+@dataclass
 class Replacements:
     """Workers replaced, by reason."""
 
@@ -630,6 +643,8 @@ class TrainingJobStatus:
     world: WorldStatus = field(WorldStatus, doc="Published membership.")
     progress: Progress = field(Progress, doc="Training progress.")
     last_checkpoint: CheckpointStatus = field(CheckpointStatus, doc="Newest committed checkpoint.")
+    last_durable_checkpoint: DurableCheckpoint = field(DurableCheckpoint, doc="Newest committed checkpoint, its "
+                                                       "size and the cost of a restart now (docs/kueue.md).")
     restarts: int = field(0, doc="Workers replaced after failures.")
     replacements: Replacements = field(Replacements, doc="Replacements by reason.")
     start_time: str = field("", doc="When the operator started the job (reset on resume); "

@@ -42,6 +42,7 @@ class CheckpointRef:
     step: int
     location: str
     time: str = ""
+    bytes: int = 0  # of the step's directory, every rank's files
 
 
 def _join(root: str, name: str) -> str:
@@ -92,7 +93,7 @@ class Checkpointer:
             return None
         path = _join(self.display_root, f"step-{steps[-1]:08d}")
         meta = json.loads(self.fs.cat(_join(self._fs_path(steps[-1]), MARKER)))
-        return CheckpointRef(steps[-1], path, meta.get("time", ""))
+        return CheckpointRef(steps[-1], path, meta.get("time", ""), int(meta.get("bytes", 0)))
 
     def path(self, step: int) -> str:
         return _join(self.root, f"step-{step:08d}")
@@ -191,12 +192,13 @@ class Checkpointer:
 
     def _commit(self, step: int, meta: dict[str, Any], started: float) -> None:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        size = int(self.fs.du(self._fs_path(step)))  # every rank's files: DCP's save ended with all of them
         marker = _join(self._fs_path(step), MARKER)
         tmp = marker + ".tmp"
         with self.fs.open(tmp, "w") as f:
-            f.write(json.dumps({"step": step, "time": stamp, **meta}))
+            f.write(json.dumps({"step": step, "time": stamp, "bytes": size, **meta}))
         self.fs.mv(tmp, marker)  # the commit point: rename is atomic on local filesystems
-        self.last = CheckpointRef(step, _join(self.display_root, f"step-{step:08d}"), stamp)
+        self.last = CheckpointRef(step, _join(self.display_root, f"step-{step:08d}"), stamp, size)
         self.committed += 1
         if self.metrics is not None:
             self.metrics.checkpoint_seconds.labels("write").observe(time.perf_counter() - started)

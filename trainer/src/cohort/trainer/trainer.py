@@ -390,7 +390,10 @@ class Trainer:
             mfu=self._mfu(),
             accuracy=self.eval_result.get("accuracy"), perplexity=self.eval_result.get("perplexity"),
             evalLoss=self.eval_result.get("eval_loss"),
-            lastCheckpoint={"step": last.step, "location": last.location, "time": last.time} if last else None,
+            lastCheckpoint={"step": last.step, "location": last.location, "time": last.time, "bytes": last.bytes}
+            if last else None,
+            # what a restart now would cost: the work since the newest durable checkpoint (or since step 0)
+            restartCostSeconds=self._seconds_for(self.state.step - (last.step if last else 0)),
             stepsTotal=total, etaSeconds=self._eta_seconds(total))
 
     def _mfu(self) -> float | None:
@@ -401,10 +404,13 @@ class Trainer:
 
     def _eta_seconds(self, total: int | None) -> int | None:
         """Seconds to the last step at the current global throughput and world size."""
-        if total is None or not self.plan or not self.sps_ema or self.sps_ema <= 0:
+        return None if total is None else self._seconds_for(max(0, total - self.state.step))
+
+    def _seconds_for(self, steps: int) -> int | None:
+        """What ``steps`` steps take at the current global throughput and world size."""
+        if not self.plan or not self.sps_ema or self.sps_ema <= 0:
             return None
-        remaining = max(0, total - self.state.step)
-        return round(remaining * self.sampler.global_batch(self.plan.dp_size) / self.sps_ema)
+        return round(steps * self.sampler.global_batch(self.plan.dp_size) / self.sps_ema)
 
     def _total_steps(self) -> int | None:
         w = self.spec.workload

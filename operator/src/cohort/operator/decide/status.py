@@ -102,15 +102,27 @@ def apply_progress(status: TrainingJobStatus, data: dict[str, Any], now: dt.date
     if dataclasses.replace(pr, updated_at="") != dataclasses.replace(status.progress, updated_at=""):
         pr.updated_at = fmt_time(now)
         status.progress = pr
+    apply_checkpoint(status, data)
+
+
+def apply_checkpoint(status: TrainingJobStatus, data: dict[str, Any]) -> None:
+    """``lastCheckpoint`` and ``lastDurableCheckpoint`` (the same checkpoint, with its size and the cost of a
+    restart now) from a /progress document or a termination summary."""
+    durable = status.last_durable_checkpoint
+    cost = data.get("restartCostSeconds")
+    if isinstance(cost, (int, float)) and not isinstance(cost, bool) and math.isfinite(cost):
+        durable.restart_cost_seconds = max(0, round(cost))
     ckpt = data.get("lastCheckpoint")
-    if isinstance(ckpt, dict) and ckpt.get("step") is not None:
-        try:
-            status.last_checkpoint.step = int(ckpt["step"])
-        except (TypeError, ValueError):
-            return
-        status.last_checkpoint.location = str(ckpt.get("location") or "")
-        t = ckpt.get("time")
-        if isinstance(t, (int, float)):
-            status.last_checkpoint.time = fmt_time(dt.datetime.fromtimestamp(t, dt.timezone.utc))
-        elif t:
-            status.last_checkpoint.time = str(t)
+    if not isinstance(ckpt, dict) or ckpt.get("step") is None:
+        return
+    try:
+        step, size = int(ckpt["step"]), int(ckpt.get("bytes") or 0)
+    except (TypeError, ValueError):
+        return
+    t = ckpt.get("time")
+    stamp = fmt_time(dt.datetime.fromtimestamp(t, dt.timezone.utc)) if isinstance(t, (int, float)) else str(t or "")
+    for target in (status.last_checkpoint, durable):
+        target.step, target.location = step, str(ckpt.get("location") or "")
+        if stamp:
+            target.time = stamp
+    durable.bytes = size
