@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from typing import Any
 
@@ -34,7 +35,6 @@ def _user_errors() -> tuple[type[Exception], ...]:
 def cmd_train(args: argparse.Namespace) -> int:
     import faulthandler
     import logging
-    import signal
 
     from . import log
 
@@ -83,6 +83,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_world_size(cfg.spec, workers)
     except ValidationError as e:
         return _fail(str(e))
+    # SIGTERM (a job runner, `kill`) ends the launcher through its `finally`, which stops the workers;
+    # Python's default would end it at once and leave them running, orphaned.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         summary = run_local(cfg, workers, checkpoint_dir=args.checkpoint_dir, run_dir=args.run_dir,
                             replace_failed=not args.no_replace, spares=args.spares)

@@ -170,8 +170,14 @@ class Trainer:
     def _newer_world_arrives(self, world: World, error: Exception) -> bool:
         log.warning("collective failed; waiting for the next world",
                     extra={"version": world.version, "error": str(error).splitlines()[0][:300]})
-        timeout = float(os.environ.get("COHORT_RECOVERY_WAIT_S", "120"))
-        return self.worlds.wait_newer(world.version, timeout_s=timeout) is not None
+        deadline = time.monotonic() + float(os.environ.get("COHORT_RECOVERY_WAIT_S", "120"))
+        while (left := deadline - time.monotonic()) > 0:
+            if STOP_REQUESTED.is_set():  # SIGTERM while waiting: leave now, not when the wait runs out
+                self._checkpoint_on_stop()  # the failed step never reached the optimizer
+                raise Terminated()
+            if self.worlds.wait_newer(world.version, timeout_s=min(left, 0.5)) is not None:
+                return True
+        return False
 
     def _enter(self, world: World) -> None:
         rank = world.rank_of(self.pod)
