@@ -27,8 +27,6 @@ from cohort.api.models import OWN_MOMENTUM
 from cohort.trainer.runtime.ports import free_port
 from cohort.trainer.runtime.process_group import exit_process
 
-__all__ = ["free_port", "job_spec", "run_ranks"]
-
 
 def job_spec(sync: str = "allreduce", method: str = "none", topology: str = "ring", period: int = 1,
              **compression: Any) -> Any:

@@ -21,10 +21,11 @@ from typing import Any
 
 import pytest
 import torch
-from gloo_ranks import free_port, run_ranks
+from gloo_ranks import run_ranks
 
 from cohort.api.jobconfig import from_manifest
 from cohort.api.models import ALL_COMPRESSION, OWN_MOMENTUM, SUPPORTED_COMPRESSION
+from cohort.trainer.runtime.ports import free_port
 
 pytestmark = [pytest.mark.dist]
 

@@ -666,7 +666,7 @@ def _world_change(rank: int, world: int, port: int) -> dict:
 
 
 def test_gossip_keeps_working_after_the_world_shrinks():
-    from gloo_ranks import free_port
+    from cohort.trainer.runtime.ports import free_port
 
     results = run_ranks(_world_change, 4, free_port())
     for r in results[:3]:

@@ -17,11 +17,12 @@ import threading
 
 import pytest
 import torch
-from gloo_ranks import free_port, job_spec, run_ranks
+from gloo_ranks import job_spec, run_ranks
 
 from cohort.trainer.optim import build_optimizer
 from cohort.trainer.parallel.base import PlanContext
 from cohort.trainer.parallel.registry import PARALLELISMS
+from cohort.trainer.runtime.ports import free_port
 from cohort.trainer.runtime.process_group import Rendezvous
 from cohort.trainer.runtime.world import Member, World
 from cohort.trainer.sync.base import CommStats

@@ -610,12 +610,9 @@ class CheckpointStatus:
 
 
 @dataclass
-class DurableCheckpoint:
+class DurableCheckpoint(CheckpointStatus):
     """The newest committed checkpoint and what a restart now would cost: for a scheduler choosing whom to preempt."""
 
-    step: int = field(0, doc="Step of the checkpoint.")
-    location: str = field("", doc="Where it is stored (the step's directory).")
-    time: str = field("", doc="When it was committed (RFC 3339).")
     bytes: int = field(0, doc="Size of the checkpoint, every rank's files.")
     restart_cost_seconds: Optional[int] = field(None, doc="The work since this checkpoint (since step 0 when "
                                                            "there is none), in seconds at the current throughput: "
