@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -71,6 +72,7 @@ class WorkerMetrics:
         for phase in ("stall", "write"):
             self.checkpoint_seconds.labels(phase)
         self.progress: dict[str, Any] = {"state": "starting", "step": 0, "epoch": 0}
+        self.ledger: Callable[[], dict[str, Any]] | None = None  # read live with each /progress (ledger.py)
         self._lock = threading.Lock()
 
     def update_progress(self, **fields: Any) -> None:
@@ -84,7 +86,10 @@ class WorkerMetrics:
 
     def progress_json(self) -> bytes:
         with self._lock:
-            return json.dumps(self.progress).encode()
+            doc = dict(self.progress)
+        if self.ledger is not None:
+            doc["ledger"] = self.ledger()
+        return json.dumps(doc).encode()
 
     def serve(self, host: str, port: int) -> ThreadingHTTPServer:
         metrics = self

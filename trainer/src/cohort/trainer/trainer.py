@@ -29,6 +29,7 @@ from . import log as logmod
 from .checkpoint import Checkpointer
 from .commit import CommitGate
 from .faults import Faults
+from .ledger import HealthyPace, TimeLedger
 from .loader import BatchLoader
 from .metrics import WorkerMetrics
 from .optim import build_optimizer, lr_at
@@ -64,8 +65,10 @@ STOP_REQUESTED = threading.Event()
 class Trainer:
     def __init__(self, cfg: JobConfig, env: dict[str, str] | None = None):
         env = dict(os.environ if env is None else env)
+        self.ledger = TimeLedger()  # first: the process's whole life is accounted for (ledger.py)
+        self.pace = HealthyPace()
         self.cfg, self.spec = cfg, cfg.spec
-        self.pod = env.get("COHORT_POD_NAME") or socket.gethostname()
+        self.pod = self.ledger.pod = env.get("COHORT_POD_NAME") or socket.gethostname()
         self.ip = pod_ip()
         logmod.context.update(job=cfg.name, pod=self.pod)
         if "OMP_NUM_THREADS" not in env:
@@ -75,6 +78,7 @@ class Trainer:
         self.device = select_device(env)  # before the process group and the model: everything lands there
 
         self.metrics = WorkerMetrics()
+        self.metrics.ledger = self.ledger.snapshot
         port = int(env.get("COHORT_METRICS_PORT", cfg.metrics_port)) + int(env.get("LOCAL_RANK", "0"))
         self.http = self.metrics.serve(self.ip, port)
         self.faults = Faults.from_env(env)
@@ -145,6 +149,7 @@ class Trainer:
             except (Superseded, WorldChanged) as e:
                 log.info("world changed", extra={"from_version": world.version, "reason": type(e).__name__})
             except RuntimeError as e:  # a collective failed: a peer died or left
+                self.ledger.relabel("recovery")  # the failed step was detection, not training
                 if self.static or not self._newer_world_arrives(world, e):
                     raise
                 if self._excluded():
@@ -276,6 +281,8 @@ class Trainer:
     def _leave(self) -> None:
         log.info("left world", extra={"step": self.state.step})
         self.left_at = time.perf_counter()
+        if self.ledger.current != "recovery":
+            self.ledger.switch("recovery")
         self.plan = None
         self.metrics.update_progress(state="recovering")
         if not self.static:
@@ -296,6 +303,7 @@ class Trainer:
         size = self.plan.dp_size
         self.metrics.update_progress(state="training", worldVersion=world.version, rank=self.rank)
         self.clock.restart()
+        self.pace.new_world(size)
         while not self._done():
             if STOP_REQUESTED.is_set():
                 self._checkpoint_on_stop()
@@ -372,6 +380,9 @@ class Trainer:
         m.compression_ratio.set(self.stats.compression_ratio)
         if self.first_step_pending:  # every rank, newcomers too: where benchmarks end a recovery
             self.first_step_pending = False
+            self.ledger.switch("training")  # the first step in a world ends starting or recovery
+        else:
+            self.pace.add(self.ledger.step(self.pace.healthy(), self.spec.stragglers.threshold))
             log.info("first step in world", extra={"step": self.state.step, "t": time.time()})
         if self.left_at is not None:  # first step of a new world completes a recovery
             m.recovery_seconds.observe(time.perf_counter() - self.left_at)
@@ -437,6 +448,14 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """Collective evaluation: each rank scores its shard of the eval set; sums are all-reduced."""
         assert self.plan is not None
+        previous = self.ledger.switch("evaluation")
+        try:
+            return self._evaluate()
+        finally:
+            self.ledger.switch(previous)
+
+    def _evaluate(self) -> dict[str, float]:
+        assert self.plan is not None
         data = self.workload.data
         module = self.plan.eval_module()
         was_training = module.training
@@ -478,8 +497,12 @@ class Trainer:
         if self.plan.replicated and self.rank != 0:
             return
         meta = {"worldSize": self.world.size if self.world else 1, "plan": self.plan.describe()}
-        self.ckpt.save(self.state.step, self.state.checkpoint_state(), meta, coordinator=self.rank == 0,
-                       sharded=not self.plan.replicated, group=self.plan.checkpoint_group)
+        previous = self.ledger.switch("checkpoint")
+        try:
+            self.ckpt.save(self.state.step, self.state.checkpoint_state(), meta, coordinator=self.rank == 0,
+                           sharded=not self.plan.replicated, group=self.plan.checkpoint_group)
+        finally:
+            self.ledger.switch(previous)
 
     def _excluded(self) -> bool:
         """The newest world leaves this worker out (suspend, eviction, scale-down, replacement)."""
@@ -495,14 +518,19 @@ class Trainer:
             return
         before = self.last_saved_step
         self._maybe_checkpoint(final=True)
+        previous = self.ledger.switch("checkpoint")
         self.ckpt.wait()
+        self.ledger.switch(previous)
         if self.last_saved_step != before:
             log.info("checkpointed on leaving", extra={"step": self.state.step})
 
     def _finish(self) -> dict[str, Any]:
+        self.ledger.switch("finishing")
         self.evaluate()
         self._maybe_checkpoint(final=True)
-        self.ckpt.wait()
+        self.ledger.switch("checkpoint")
+        self.ckpt.wait()  # the last commit: blocked by a save
+        self.ledger.switch("finishing")
         summary = {"step": self.state.step, "epoch": self.sampler.epoch, "loss": self.loss_ema,
                    **self.eval_result, "samplesPerSecond": self.sps_ema,
                    "tokensPerSecond": self.throughput.tokens_per_second(self.sps_ema) if self.sps_ema else None,
@@ -511,8 +539,9 @@ class Trainer:
                    "worldVersion": self.world.version if self.world else 0, "checkpoints": self.ckpt.committed,
                    "seconds": round(time.monotonic() - self.t_start, 3), "rank": self.rank,
                    "stepSecondsMedian": self.clock.step_median(), "loopSecondsMean": self.clock.loop_mean(),
-                   "plan": self.plan.describe() if self.plan else ""}
-        self.metrics.update_progress(state="done", **{k: v for k, v in summary.items() if k != "seconds"})
+                   "plan": self.plan.describe() if self.plan else "", "ledger": self.ledger.snapshot()}
+        self.metrics.update_progress(state="done", **{k: v for k, v in summary.items()
+                                                      if k not in ("seconds", "ledger")})
         log.info("training complete", extra=summary)
         _write_termination_message(summary)
         if dist.is_initialized():

@@ -1,0 +1,108 @@
+"""Where a worker's time goes: every second since the process started, in exactly one category.
+
+The ledger is a clock with one open interval: :meth:`TimeLedger.switch` closes
+it under the current category and opens the next, so the categories always sum
+to the process's age. The trainer switches at the points where its work
+changes (docs/monitoring.md, "Goodput", defines each category):
+
+- ``starting``: from the process's start to the end of its first step (imports,
+  data and model, the first world's rendezvous, the first step's warm-up);
+- ``recovery``: from a failed collective or a world change to the end of the
+  first step in the next world (detection, re-forming, state transfer);
+- ``training``: steps, up to the healthy pace;
+- ``straggler``: the part of a step beyond the healthy pace, when the step took
+  more than ``threshold`` times that pace (a slow member holds every rank back);
+- ``checkpoint``: the step loop blocked by a save;
+- ``evaluation``: evaluations, the final one included;
+- ``finishing``: after the last step, what is neither of the two above.
+
+The operator reads rank 0's :meth:`TimeLedger.snapshot` from ``/progress`` and
+adds what only it sees (queued, starting pods, lost work): docs/contracts.md §4.
+The healthy pace is :class:`HealthyPace`: per world size, the fastest median of
+:data:`WINDOW` consecutive steps seen so far.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+CATEGORIES = ("starting", "training", "checkpoint", "recovery", "straggler", "evaluation", "finishing")
+WINDOW = 8
+
+
+class TimeLedger:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time):
+        self._clock, self._wall = clock, wall
+        self._lock = threading.Lock()  # the HTTP thread reads while the training thread writes
+        self.started_at = wall()  # with the pod's name, tells the operator which process it reads
+        self.pod = ""
+        self._mark = clock()
+        self.current = "starting"
+        self.seconds = dict.fromkeys(CATEGORIES, 0.0)
+
+    def switch(self, category: str) -> str:
+        """Close the open interval under the current category; the next is ``category``'s. Returns the old one."""
+        if category not in self.seconds:
+            raise ValueError(f"unknown ledger category {category!r}")
+        with self._lock:
+            now = self._clock()
+            self.seconds[self.current] += now - self._mark
+            self._mark, previous, self.current = now, self.current, category
+        return previous
+
+    def relabel(self, category: str) -> None:
+        """The open interval turned out to be ``category``'s (a step whose collective failed is recovery)."""
+        if category not in self.seconds:
+            raise ValueError(f"unknown ledger category {category!r}")
+        with self._lock:
+            self.current = category
+
+    def step(self, healthy_s: float | None, threshold: float) -> float:
+        """Close a step (the open interval, which must be training's). Returns its length."""
+        with self._lock:
+            now = self._clock()
+            spent = now - self._mark
+            self._mark = now
+            if healthy_s is not None and spent > threshold * healthy_s:
+                self.seconds["training"] += healthy_s
+                self.seconds["straggler"] += spent - healthy_s
+            else:
+                self.seconds["training"] += spent
+            self.current = "training"
+        return spent
+
+    def snapshot(self) -> dict[str, Any]:
+        """The totals as of now, the open interval included (what ``/progress`` serves)."""
+        with self._lock:
+            open_s = self._clock() - self._mark
+            seconds = {k: round(v + (open_s if k == self.current else 0.0), 3) for k, v in self.seconds.items()}
+            return {"pod": self.pod, "startedAt": round(self.started_at, 3), "at": round(self._wall(), 3), "current": self.current,
+                    "seconds": seconds}
+
+
+class HealthyPace:
+    """Per world size, the fastest median of :data:`WINDOW` consecutive steps: what a step costs without a
+    straggler. A world change starts a new window (its first steps warm up); the best median is kept."""
+
+    def __init__(self) -> None:
+        self.best: dict[int, float] = {}
+        self._window: deque[float] = deque(maxlen=WINDOW)
+        self._size = 0
+
+    def new_world(self, size: int) -> None:
+        self._window.clear()
+        self._size = size
+
+    def add(self, seconds: float) -> None:
+        self._window.append(seconds)
+        if len(self._window) == WINDOW:
+            median = statistics.median(self._window)
+            self.best[self._size] = min(median, self.best.get(self._size, median))
+
+    def healthy(self) -> float | None:
+        return self.best.get(self._size)

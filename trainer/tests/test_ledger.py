@@ -1,0 +1,76 @@
+"""The worker's time ledger (ledger.py): one open interval, so the categories sum to the process's age."""
+
+from __future__ import annotations
+
+import pytest
+from tests.support.local import manifest, run_local
+
+from cohort.trainer.ledger import CATEGORIES, WINDOW, HealthyPace, TimeLedger
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_switch_relabel_and_step_split_every_second_once():
+    clock = FakeClock()
+    ledger = TimeLedger(clock=clock, wall=lambda: 1000.0 + clock.t)
+    clock.t += 3
+    assert ledger.switch("training") == "starting"
+    clock.t += 1.0
+    assert ledger.step(healthy_s=0.5, threshold=1.5) == 1.0  # 2x the healthy pace: 0.5 s is straggling
+    clock.t += 0.6
+    ledger.step(healthy_s=0.5, threshold=1.5)  # 1.2x: within the threshold, all training
+    clock.t += 2
+    ledger.relabel("recovery")  # that step's collective failed
+    ledger.switch("recovery")
+    clock.t += 1
+    previous = ledger.switch("checkpoint")
+    clock.t += 0.5
+    ledger.switch(previous)
+    clock.t += 0.25
+    snap = ledger.snapshot()
+    assert snap["seconds"] == {"starting": 3.0, "training": 1.1, "checkpoint": 0.5, "recovery": 3.25,
+                               "straggler": 0.5, "evaluation": 0.0, "finishing": 0.0}
+    assert sum(snap["seconds"].values()) == pytest.approx(clock.t - 100.0)
+    assert snap["current"] == "recovery" and snap["at"] == 1000.0 + clock.t
+    with pytest.raises(ValueError, match="unknown ledger category"):
+        ledger.switch("lunch")
+
+
+def test_healthy_pace_is_the_fastest_window_median_per_world_size():
+    pace = HealthyPace()
+    pace.new_world(2)
+    for s in [0.1] * (WINDOW - 1):
+        pace.add(s)
+    assert pace.healthy() is None  # not a whole window yet
+    pace.add(5.0)  # one outlier does not move a median
+    assert pace.healthy() == pytest.approx(0.1)
+    for _ in range(WINDOW):
+        pace.add(0.4)  # a straggler for a whole window: the best median stays
+    assert pace.healthy() == pytest.approx(0.1)
+    pace.new_world(3)
+    assert pace.healthy() is None
+    pace.new_world(2)
+    assert pace.healthy() == pytest.approx(0.1)
+
+
+@pytest.mark.dist
+def test_a_run_with_a_slowed_rank_accounts_straggling_evaluation_and_checkpoints(tmp_path):
+    m = manifest("ledger", workload={"epochs": 0, "maxSteps": 240, "evalEverySteps": 80},
+                 checkpoint={"everySteps": 60}, stragglers={"policy": "ignore", "threshold": 1.5})
+    s = run_local(tmp_path, m, workers=2, ckpt=tmp_path / "ck", env={"COHORT_FAULT_SLOW": "rank=1,factor=6,step=120"})
+    seconds = s["ledger"]["seconds"]
+    print(seconds)
+    assert set(seconds) == set(CATEGORIES)
+    # Rank 0's process age, every second once: its totals add up to the time from its start to the reading.
+    assert sum(seconds.values()) == pytest.approx(s["ledger"]["at"] - s["ledger"]["startedAt"], abs=0.01)
+    for category in ("starting", "training", "checkpoint", "evaluation"):
+        assert seconds[category] > 0, (category, seconds)
+    # Half the steps ran beside a 6x slower rank: rank 0 waited for it in every allreduce.
+    assert seconds["straggler"] > 0.5 * seconds["training"], seconds
+    assert seconds["recovery"] == 0, seconds
