@@ -42,6 +42,8 @@ PRINTER_COLUMNS = [
     {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss"},
     {"name": "Tokens/s", "type": "number", "jsonPath": ".status.progress.tokensPerSecond",
      "description": "Global throughput in tokens (samples for models without sequences)"},
+    {"name": "Goodput", "type": "number", "jsonPath": ".status.goodput.percent",
+     "description": "Percent of the job's wall time that trained (status.goodput)"},
     {"name": "MFU", "type": "number", "jsonPath": ".status.progress.mfu", "priority": 1,
      "description": "Model FLOPs utilisation (GPU workers whose peak is known)"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

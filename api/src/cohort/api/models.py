@@ -620,6 +620,45 @@ class DurableCheckpoint(CheckpointStatus):
 
 
 @dataclass
+class GoodputSeconds:
+    """Seconds of a job's wall time by what they were spent on (docs/monitoring.md, "Goodput")."""
+
+    queued: float = field(0.0, doc="Waiting for admission or quota, or suspended.")
+    starting: float = field(0.0, doc="Pods scheduled and started, the trainer's set-up, the first step.")
+    training: float = field(0.0, doc="Steps that advanced the model, at the healthy pace.")
+    checkpoint: float = field(0.0, doc="The step loop blocked by a save.")
+    recovery: float = field(0.0, doc="Detecting a lost worker, re-forming, transferring state, restarting.")
+    lost_work: float = field(0.0, doc="Steps computed again after falling back to a checkpoint.")
+    straggler: float = field(0.0, doc="Step time beyond the healthy pace while the steps were slowed.")
+    evaluation: float = field(0.0, doc="Evaluations.")
+    finishing: float = field(0.0, doc="After the last step until the job's final phase.")
+
+
+@dataclass
+class LedgerReading:
+    """The trainer's ledger as last read from rank 0 (docs/contracts.md §4): where the next reading's
+    differences start."""
+
+    pod: str = field("", doc="The rank-0 pod read.")
+    started_at: float = field(0.0, doc="When its trainer process started (Unix seconds).")
+    at: float = field(0.0, doc="When the reading was taken (Unix seconds).")
+    step: int = field(0, doc="The step it had reached.")
+    seconds: GoodputSeconds = field(GoodputSeconds, doc="Its totals by category.")
+
+
+@dataclass
+class Goodput:
+    """Where the job's wall time went, every second in exactly one category."""
+
+    percent: Optional[float] = field(None, doc="Training seconds over wall seconds, 0-100: the job's goodput.")
+    wall_seconds: float = field(0.0, doc="Seconds accounted for, from the job's creation.")
+    seconds: GoodputSeconds = field(GoodputSeconds, doc="The breakdown.")
+    accounted_until: str = field("", doc="The end of the accounted time (RFC 3339, microseconds).")
+    high_water_step: int = field(0, doc="The highest step reported: steps up to it computed again are lost work.")
+    last_reading: LedgerReading = field(LedgerReading, doc="The trainer's ledger as last read.")
+
+
+@dataclass
 class Replacements:
     """Workers replaced, by reason."""
 
@@ -642,6 +681,7 @@ class TrainingJobStatus:
     last_checkpoint: CheckpointStatus = field(CheckpointStatus, doc="Newest committed checkpoint.")
     last_durable_checkpoint: DurableCheckpoint = field(DurableCheckpoint, doc="Newest committed checkpoint, its "
                                                        "size and the cost of a restart now (docs/kueue.md).")
+    goodput: Goodput = field(Goodput, doc="Where the job's time went, and the share that trained (docs/monitoring.md).")
     restarts: int = field(0, doc="Workers replaced after failures.")
     replacements: Replacements = field(Replacements, doc="Replacements by reason.")
     start_time: str = field("", doc="When the operator started the job (reset on resume); "

@@ -17,10 +17,11 @@ membership (docs/contracts.md §3) in one readable pass, in this order:
 8. the next world is published at once (no backoff on membership);
 9. surplus pods are deleted (never members; newest first), missing ones are
    created, failure replacements only after the exponential backoff;
-10. phase, belowMin timeout, conditions and counters.
+10. phase, belowMin timeout, conditions and counters;
+11. the time since the last reconcile goes into the job's time ledger.
 
 Each phase has its module: departures (1, 6), finish (2-5), swaps (7),
-membership (8), scale (9), status (10); decision holds the types.
+membership (8), scale (9), status (10), goodput (11); decision holds the types.
 
 The reconciler executes the Decision in a crash-safe order: world, status (which
 persists ``podIndex`` before any pod with that index exists), deletions,
@@ -35,6 +36,7 @@ from ..lifecycle import FINAL_PHASES
 from .decision import Decision, Departures, EventSpec, Inputs, PodRequest
 from .departures import claim, failures, lost_members
 from .finish import fail, finished, past_deadline, start, succeed, succeeded, suspend
+from .goodput import account
 from .membership import publish
 from .queue import admitted, queued
 from .scale import scale
@@ -45,6 +47,12 @@ __all__ = ["Decision", "EventSpec", "Inputs", "PodRequest", "decide"]
 
 
 def decide(observed: Inputs) -> Decision:
+    decision = _decide(observed)
+    account(observed, decision)  # the time since the last reconcile, by what the job was doing (goodput.py)
+    return decision
+
+
+def _decide(observed: Inputs) -> Decision:
     decision = Decision(status=copy.deepcopy(observed.status))
     status, spec, world = decision.status, observed.spec, observed.world
     ours = claim(observed, decision)

@@ -1,0 +1,157 @@
+"""The job's time ledger: every second from its creation to its final phase, in exactly one category.
+
+``status.goodput.accountedUntil`` is a cursor; each reconcile attributes the
+time from the cursor on and moves it, so no second is counted twice or left
+out. Who knows what the time was spent on depends on where the job is:
+
+- while no trainer reports (queued, suspended, pods starting), the phase the
+  job was in says it: ``Suspended`` is queued time; ``Pending`` is starting
+  before the first step ever reported, recovery after it;
+- while rank 0's trainer reports, the differences between two readings of its
+  ledger (``/progress``'s ``ledger``, trainer/ledger.py) say it, scaled to the
+  interval; the first reading of a new process ends a starting (or recovery)
+  interval, which is what its pod's creation, image, imports and set-up were;
+- training over steps the job had already reached (``highWaterStep``), after a
+  fallback to a checkpoint, is lost work;
+- when the job leaves the active phases, the time since the last reading is
+  finishing (Succeeded, Failed) or recovery (suspended or evicted mid-run); the
+  termination summary's ledger, when rank 0 wrote one, is the last reading.
+
+A reconcile with nothing new (no new reading while a trainer runs, less than
+:data:`MIN_INTERVAL_S` of a phase without one) leaves the cursor where it is;
+the next one accounts for the whole interval. docs/monitoring.md, "Goodput",
+gives the categories' definitions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from cohort.api.models import Goodput, GoodputSeconds, LedgerReading
+
+from ..lifecycle import ACTIVE_PHASES, FINAL_PHASES, parse_time
+from .decision import Decision, Inputs
+
+MIN_INTERVAL_S = 5.0
+# The trainer's ledger categories and the status fields they add to (ledger.CATEGORIES).
+TRAINER_FIELDS = {"starting": "starting", "training": "training", "checkpoint": "checkpoint",
+                  "recovery": "recovery", "straggler": "straggler", "evaluation": "evaluation",
+                  "finishing": "finishing"}
+
+
+def account(observed: Inputs, decision: Decision) -> None:
+    """Move ``status.goodput`` on to this reconcile (see the module doc)."""
+    g = decision.status.goodput
+    before, after = observed.status.phase, decision.status.phase
+    created = parse_time(str(observed.job.get("metadata", {}).get("creationTimestamp") or ""))
+    first = not g.accounted_until
+    cursor = parse_time(g.accounted_until) or created
+    if cursor is None or (before in FINAL_PHASES and g.accounted_until):
+        return  # nothing to count from, or the ledger is closed
+    now = observed.now
+    reading = _reading(observed, decision)
+    if reading is not None and _same_process(reading, g.last_reading):
+        until = min(_utc(reading.at), now)
+        if until > cursor:
+            _add_reading(g, reading, (until - cursor).total_seconds())
+            cursor = until
+        g.last_reading = reading
+    elif reading is not None and (g.last_reading.started_at == 0.0 or reading.at > g.last_reading.at):
+        until = min(_utc(reading.at), now)  # a new process: up to its first reading, it was starting
+        if until > cursor:
+            _add(g, "recovery" if g.high_water_step else "starting", (until - cursor).total_seconds())
+            cursor = until
+        g.last_reading = reading
+        g.high_water_step = max(g.high_water_step, reading.step)
+    left_active = before in ACTIVE_PHASES and after not in ACTIVE_PHASES
+    idle = before not in ACTIVE_PHASES and (after != before or (now - cursor).total_seconds() >= MIN_INTERVAL_S)
+    if (left_active or idle) and now > cursor:
+        _add(g, _without_trainer(before, after, g.high_water_step, first), (now - cursor).total_seconds())
+        cursor = now
+    if cursor != parse_time(g.accounted_until):
+        g.accounted_until = _fmt(cursor)
+        if created is not None:
+            g.wall_seconds = round((cursor - created).total_seconds(), 3)
+        g.percent = round(100.0 * g.seconds.training / g.wall_seconds, 1) if g.wall_seconds > 0 else None
+
+
+def _without_trainer(before: str, after: str, high_water: int, first: bool) -> str:
+    """The category of an interval no trainer reading covers, by the phase the job was in."""
+    if before in ACTIVE_PHASES:
+        return "finishing" if after in FINAL_PHASES else "recovery"
+    if before == "Suspended":
+        return "queued"
+    if first and after == "Suspended":
+        return "queued"  # the first reconcile of a job that waits in a queue (its status says Pending)
+    return "recovery" if high_water else "starting"
+
+
+def _reading(observed: Inputs, decision: Decision) -> LedgerReading | None:
+    """Rank 0's ledger: its termination summary's when it just finished, else its newest /progress."""
+    docs: list[dict[str, Any] | None] = [observed.progress]
+    if decision.status.phase in FINAL_PHASES and observed.world.members:
+        rank0 = next((v for v in observed.pods if v.name == observed.world.members[0].pod), None)
+        if rank0 is not None:
+            docs.insert(0, rank0.termination_summary())
+    for doc in docs:
+        ledger = (doc or {}).get("ledger")
+        if isinstance(ledger, dict):
+            reading = parse_reading(ledger, (doc or {}).get("step"))
+            if reading is not None:
+                return reading
+    return None
+
+
+def parse_reading(ledger: dict[str, Any], step: Any) -> LedgerReading | None:
+    """A ``ledger`` document (docs/contracts.md §4) as a reading; None if it is not one."""
+    try:
+        seconds = {k: float(v) for k, v in (ledger.get("seconds") or {}).items() if k in TRAINER_FIELDS}
+        reading = LedgerReading(pod=str(ledger.get("pod") or ""), started_at=float(ledger["startedAt"]),
+                                at=float(ledger["at"]), step=int(step or 0))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    for key, value in seconds.items():
+        setattr(reading.seconds, TRAINER_FIELDS[key], max(0.0, value))
+    return reading
+
+
+def _same_process(a: LedgerReading, b: LedgerReading) -> bool:
+    return b.started_at != 0.0 and a.started_at == b.started_at and a.pod == b.pod and a.at > b.at
+
+
+def _add_reading(g: Goodput, reading: LedgerReading, interval_s: float) -> None:
+    """The difference between two readings of one process, scaled to the interval it accounts for."""
+    last = g.last_reading
+    deltas = {f.name: max(0.0, getattr(reading.seconds, f.name) - getattr(last.seconds, f.name))
+              for f in dataclasses.fields(GoodputSeconds)}
+    total = sum(deltas.values())
+    if total <= 0:
+        _add(g, "recovery" if g.high_water_step else "starting", interval_s)
+        return
+    scale = interval_s / total
+    training = deltas.pop("training")
+    # Steps up to the high-water mark were computed before: their training is lost work.
+    if reading.step > last.step and last.step < g.high_water_step:
+        redone = min(reading.step, g.high_water_step) - last.step
+        lost = training * redone / (reading.step - last.step)
+        _add(g, "lost_work", lost * scale)
+        training -= lost
+    _add(g, "training", training * scale)
+    for name, value in deltas.items():
+        if value:
+            _add(g, name, value * scale)
+    g.high_water_step = max(g.high_water_step, reading.step)
+
+
+def _add(g: Goodput, name: str, seconds: float) -> None:
+    setattr(g.seconds, name, round(getattr(g.seconds, name) + seconds, 3))
+
+
+def _utc(t: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc)
+
+
+def _fmt(t: dt.datetime) -> str:
+    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

@@ -1,0 +1,112 @@
+"""The operator's time ledger (decide/goodput.py): every second from creation to the final phase, once."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime as dt
+import json
+
+import pytest
+from tests.support.specs import WORKLOAD
+
+from cohort.api.models import TrainingJobSpec, TrainingJobStatus
+from cohort.api.schema import parse
+from cohort.operator.decide import Decision, Inputs
+from cohort.operator.decide.goodput import account
+from cohort.operator.observe import PodView
+from cohort.operator.world import Member, World
+
+T0 = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
+SPEC = parse(TrainingJobSpec, {"workload": dict(WORKLOAD), "replicas": {"min": 1, "max": 2, "target": 1}})
+WORLD = World(version=1, members=(Member("j-worker-0", "u0", "10.0.0.1"),))
+
+
+def ledger(started: float, at: float, pod: str = "j-worker-0", **seconds: float) -> dict:
+    return {"pod": pod, "startedAt": T0.timestamp() + started, "at": T0.timestamp() + at, "seconds": seconds}
+
+
+class Job:
+    """One job's status carried from reconcile to reconcile, as the reconciler does."""
+
+    def __init__(self) -> None:
+        self.status = TrainingJobStatus()
+
+    def reconcile(self, t: float, after: str, progress: dict | None = None, summary: dict | None = None) -> None:
+        pods = [PodView(name="j-worker-0", uid="u0", index=0, ip="10.0.0.1", node="n", phase="Succeeded",
+                        ready=False, message=json.dumps(summary))] if summary else []
+        observed = Inputs(job={"metadata": {"name": "j", "creationTimestamp": "2026-01-01T12:00:00Z"}}, spec=SPEC,
+                          status=self.status, world=WORLD, pods=pods, now=T0 + dt.timedelta(seconds=t),
+                          progress=progress)
+        decision = Decision(status=copy.deepcopy(self.status))
+        decision.status.phase = after
+        account(observed, decision)
+        self.status = decision.status
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        return {k: round(v, 3) for k, v in dataclasses.asdict(self.status.goodput.seconds).items() if v}
+
+
+def test_a_life_with_a_queue_a_restart_from_checkpoint_and_a_finish_sums_to_its_wall_time():
+    job = Job()
+    job.reconcile(1, "Suspended")                      # the first reconcile: waiting in a queue
+    job.reconcile(11, "Pending")                       # admitted after 11 s in all
+    job.reconcile(14, "Running")                       # pods Ready
+    job.reconcile(15, "Running")                       # nothing read yet: nothing accounted
+    assert job.status.goodput.accounted_until.startswith("2026-01-01T12:00:14")
+    # The trainer (started at 12 s) first answers at 16 s: 14..16 was starting.
+    job.reconcile(16, "Running", {"step": 0, "ledger": ledger(12, 16, starting=4)})
+    job.reconcile(26, "Running", {"step": 100, "ledger": ledger(12, 26, starting=5, training=8, checkpoint=1)})
+    job.reconcile(36, "Running", {"step": 200, "ledger": ledger(12, 36, starting=5, training=15, checkpoint=1,
+                                                                straggler=3)})
+    # Every worker killed at step 200; the job re-forms from the checkpoint of step 100.
+    job.reconcile(38, "Recovering")
+    job.reconcile(40, "Running")
+    job.reconcile(45, "Running", {"step": 100, "ledger": ledger(41, 45, starting=4)})
+    # 100 -> 250 in 10 s of training: 100 -> 200 was done before (lost work), 200 -> 250 was not.
+    job.reconcile(55, "Running", {"step": 250, "ledger": ledger(41, 55, starting=4, training=9, evaluation=1)})
+    # The summary's ledger is the last reading; from it to the final phase is finishing.
+    job.reconcile(60, "Succeeded", {"step": 250, "ledger": ledger(41, 55, starting=4, training=9, evaluation=1)},
+                  summary={"step": 250, "ledger": ledger(41, 58, starting=4, training=9, evaluation=1, finishing=2,
+                                                        checkpoint=1)})
+    g = job.status.goodput
+    assert job.seconds == {"queued": 11.0, "starting": 3 + 2 + 1, "training": 8 + 7 + 3, "checkpoint": 2.0,
+                           "recovery": 9.0, "lost_work": 6.0, "straggler": 3.0, "evaluation": 1.0,
+                           "finishing": 2 + 2}
+    assert sum(job.seconds.values()) == pytest.approx(60) and g.wall_seconds == 60
+    assert g.percent == round(100 * 18 / 60, 1) and g.high_water_step == 250
+    job.reconcile(90, "Succeeded")  # closed: a finished job's ledger does not grow
+    assert job.status.goodput.wall_seconds == 60
+
+
+def test_a_reading_seen_again_or_older_adds_nothing_and_a_new_process_is_recovery_once_steps_were_reported():
+    job = Job()
+    job.reconcile(2, "Running", {"step": 5, "ledger": ledger(0, 2, starting=2)})
+    job.reconcile(4, "Running", {"step": 9, "ledger": ledger(0, 4, starting=2, training=2)})
+    before = copy.deepcopy(job.status.goodput)
+    job.reconcile(6, "Running", {"step": 9, "ledger": ledger(0, 4, starting=2, training=2)})
+    job.reconcile(7, "Running", {"step": 9, "ledger": ledger(0, 3, starting=2, training=1)})
+    assert job.status.goodput == before
+    job.reconcile(9, "Running", {"step": 9, "ledger": ledger(7, 9, pod="j-worker-3", starting=2)})
+    assert job.seconds == {"starting": 2.0, "training": 2.0, "recovery": 5.0}
+
+
+def test_readings_are_scaled_to_the_interval_they_account_for():
+    job = Job()
+    job.reconcile(2, "Running", {"step": 0, "ledger": ledger(0, 2, starting=2)})
+    # The trainer's clock says 4 s went by (3 training, 1 checkpoint) where the readings say 2 s.
+    job.reconcile(4, "Running", {"step": 10, "ledger": ledger(0, 4, starting=2, training=3, checkpoint=1)})
+    assert job.seconds == {"starting": 2.0, "training": 1.5, "checkpoint": 0.5}
+
+
+def test_idle_phases_are_accounted_every_few_seconds_and_at_each_change():
+    job = Job()
+    job.reconcile(3, "Pending")
+    assert job.seconds == {}  # less than MIN_INTERVAL_S, and no change
+    job.reconcile(6, "Pending")
+    job.reconcile(7, "Pending")
+    assert job.seconds == {"starting": 6.0}
+    job.reconcile(10, "Suspended")  # a user suspends it: the Pending seconds before are starting
+    job.reconcile(20, "Suspended")
+    assert job.seconds == {"starting": 10.0, "queued": 10.0}
