@@ -9,8 +9,10 @@ newest checkpoint.
 
 from __future__ import annotations
 
+import datetime as dt
 import statistics
 import time
+from pathlib import Path
 
 import pytest
 
@@ -223,7 +225,10 @@ def test_every_worker_killed_resumes_from_checkpoint(cluster, namespace, real_no
 
 
 def test_operator_killed_during_recovery_completes_after_restart(cluster, namespace, real_nodes, operator):
-    create(cluster, namespace, training_job("opkill", workload={"epochs": 60}))
+    """A worker is lost while no operator runs, rank 0 computes 3x slower from step 60: the restarted operator
+    re-forms the world, and the job's time ledger (status.goodput) accounts for all of it."""
+    create(cluster, namespace, training_job("opkill", workload={"epochs": 60}, stragglers={"policy": "ignore"},
+                                            env={"COHORT_FAULT_SLOW": "rank=0,factor=3,step=60"}))
     wait_step(cluster, namespace, "opkill", 150)
     version = world(cluster, namespace, "opkill")["version"]
     victim = world(cluster, namespace, "opkill")["members"][1]["pod"]
@@ -233,6 +238,33 @@ def test_operator_killed_during_recovery_completes_after_restart(cluster, namesp
     assert world(cluster, namespace, "opkill")["version"] == version  # nobody published while it was down
     operator.start().wait_ready()
     wait_for(lambda: world(cluster, namespace, "opkill")["version"] > version, 30, 0.5, what="a new world")
-    assert_succeeded(wait_finished(cluster, namespace, "opkill"))
+    status = assert_succeeded(wait_finished(cluster, namespace, "opkill"))
     lost = steps_lost(worker_records(namespace, "opkill"))
     assert lost and max(lost) <= 0, lost
+    assert_time_accounted(cluster, namespace, "opkill", status)
+
+
+def assert_time_accounted(cluster, ns: str, name: str, status: dict) -> None:
+    """The ledger's parts sum to the job's wall time (creation to completion, Kubernetes' clock, whole seconds),
+    a lost worker shows as recovery and a slowed one as straggler time; the durable checkpoint exists."""
+    g = status["goodput"]
+    seconds = g["seconds"]
+    total = sum(seconds.values())
+    created = dt.datetime.fromisoformat(cluster.get_job(ns, name)["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+    completed = dt.datetime.fromisoformat(status["completionTime"].replace("Z", "+00:00"))
+    wall = (completed - created).total_seconds()
+    print(f"{name}: wall {wall:.0f} s, ledger {total:.2f} s: {seconds}, goodput {g.get('percent')} %")  # -rA
+    assert abs(total - g["wallSeconds"]) <= 0.01 * len(seconds), g  # each part rounded to the millisecond
+    assert 0 <= g["wallSeconds"] - wall < 1, (g, wall)  # completionTime drops the fraction of its second
+    assert abs(total - wall) <= 0.02 * wall, (total, wall)
+    for part in ("starting", "training", "recovery", "straggler", "finishing"):
+        assert seconds.get(part, 0) > 0, (part, seconds)
+    assert g["percent"] == round(100 * seconds["training"] / g["wallSeconds"], 1)
+    table = kubectl(cluster, "get", "tj", name, "-n", ns).stdout.split("\n")
+    assert "GOODPUT" in table[0].split() and str(g["percent"]) in table[1].split(), table
+    durable = status["lastDurableCheckpoint"]
+    claim = cluster.core.read_namespaced_persistent_volume_claim(f"{name}-checkpoints", ns)
+    pv = cluster.core.read_persistent_volume(claim.spec.volume_name)
+    root = (pv.spec.host_path or pv.spec.local).path  # local-path-provisioner: a directory on this machine
+    step_dir = Path(root) / Path(durable["location"]).relative_to("/checkpoints")
+    assert (step_dir / "COMMITTED").is_file(), (durable, step_dir)

@@ -89,6 +89,7 @@ def test_dashboard_is_well_formed(dashboard):
     ("recoveries", {"cohort_recoveries_total"}),
     ("replacements", {"cohort_operator_replacements_total"}),
     ("checkpoint durations", {"cohort_checkpoint_seconds_sum", "cohort_checkpoint_seconds_bucket"}),
+    ("goodput", {"cohort_operator_goodput_seconds_total"}),
     ("queues", {"cohort_operator_queue_workers", "cohort_operator_queue_admissions_total",
                 "cohort_operator_queue_evictions_total", "cohort_operator_queue_wait_seconds_bucket"}),
 ])

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter as _Tally
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from cohort.api.models import PHASES
 
@@ -40,6 +41,10 @@ class OperatorMetrics:
         self.queue_workers = Gauge("cohort_operator_queue_workers",
                                    "Workers of a queued TrainingJob: kind=target (spec) or admitted (Kueue)",
                                    ["namespace", "job", "kind"], registry=r)
+        # Each job's time ledger (status.goodput.seconds), exported as it stands: a counter whose value
+        # is the status's, so a restarted operator continues each series where the last one left it.
+        self.goodput: dict[tuple[str, str], dict[str, float]] = {}
+        r.register(_GoodputCollector(self.goodput))
         for phase in PHASES:
             self.jobs.labels(phase=phase).set(0)
         for reason in ("failure", "straggler"):
@@ -61,6 +66,32 @@ class OperatorMetrics:
             else:
                 self.queue_workers.labels(namespace=namespace, job=job, kind=kind).set(value)
 
+    def set_goodput(self, namespace: str, job: str, seconds: Mapping[str, float] | None) -> None:
+        """A job's ledger by category (status.goodput.seconds); None when the job is gone."""
+        if seconds is None:
+            self.goodput.pop((namespace, job), None)
+        elif any(seconds.values()):
+            self.goodput[(namespace, job)] = dict(seconds)
+
     def serve(self, port: int) -> None:
         """Serve /metrics on ``port`` from a background thread."""
         start_http_server(port, registry=self.registry)
+
+
+class _GoodputCollector:
+    """``cohort_operator_goodput_seconds_total{job_namespace, trainingjob, category}`` from the operator's ledgers.
+
+    Not ``namespace`` and ``job``: Prometheus keeps those for the scrape target (the operator's pod), and a
+    series' own would be renamed ``exported_*``; ``trainingjob`` is the workers' label for the same job."""
+
+    def __init__(self, jobs: dict[tuple[str, str], dict[str, float]]):
+        self.jobs = jobs
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily("cohort_operator_goodput_seconds",
+                                     "Seconds of a TrainingJob's wall time by what they were spent on (status.goodput)",
+                                     labels=["job_namespace", "trainingjob", "category"])
+        for (namespace, job), seconds in sorted(self.jobs.items()):
+            for category, value in seconds.items():
+                family.add_metric([namespace, job, category], value)
+        yield family

@@ -95,6 +95,7 @@ class Reconciler:
     def job_deleted(self, key: JobKey) -> None:
         self.jobs.pop(key, None)
         self.metrics.set_queue_workers(key[0], key[1], None, None)
+        self.metrics.set_goodput(key[0], key[1], None)
         self.queue.forget(key)
         if self._phases.pop(key, None) is not None:
             self.metrics.set_phases(self._phases.values())
@@ -166,6 +167,7 @@ class Reconciler:
                 elapsed = time.perf_counter() - started
                 self.metrics.reconcile_seconds.observe(elapsed)
                 log.debug("reconciled %s/%s in %.3fs", key[0], key[1], elapsed)
+        self.metrics.set_goodput(key[0], key[1], to_dict(mem.status.goodput.seconds))
         if self._phases.get(key) != mem.status.phase:
             self._phases[key] = mem.status.phase
             self.metrics.set_phases(self._phases.values())
