@@ -35,6 +35,11 @@ from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGlo
 from cohort.trainer.workloads.datasets import digits  # noqa: E402
 from cohort.trainer.workloads.models import MLP  # noqa: E402
 
+try:
+    from bench import job_workload
+except ImportError:  # run as a script: bench/ is not a package on the path
+    import job_workload  # type: ignore[no-redef]
+
 IMPORTED = time.time()
 
 
@@ -49,7 +54,8 @@ def main() -> None:
     ap.add_argument("--lighthouse", required=True)
     ap.add_argument("--store-port", type=int, required=True)
     ap.add_argument("--replicas", type=int, default=4)
-    ap.add_argument("--kill-step", type=int, required=True)
+    ap.add_argument("--kill-step", type=int, default=-1, help="-1: never (something else kills the replicas)")
+    ap.add_argument("--manifest", default="", help="train this TrainingJob's workload instead of the MLP on digits")
     ap.add_argument("--kill-replica", type=int, default=2)
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--batch", type=int, default=32)
@@ -58,10 +64,15 @@ def main() -> None:
     me = {"replica": args.replica, "incarnation": args.incarnation}
     print(json.dumps({"t": START, "event": "start", **me}), flush=True)
     print(json.dumps({"t": IMPORTED, "event": "imported", **me}), flush=True)
-    data = digits()
-    torch.manual_seed(0)
-    module = MLP(data.info, hidden=128)
-    inner = torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
+    job = job_workload.load(args.manifest) if args.manifest else None
+    if job is not None:
+        module = job.model
+        inner = job.optimizer(module.parameters())
+    else:
+        data = digits()
+        torch.manual_seed(0)
+        module = MLP(data.info, hidden=128)
+        inner = torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
 
     def load_state_dict(state: dict) -> None:
         module.load_state_dict(state["model"])
@@ -82,7 +93,7 @@ def main() -> None:
     say(event="manager", **me)
     model = DistributedDataParallel(manager, module)
     optimizer = Optimizer(manager, inner)
-    n = len(data.train)
+    n = len(data.train) if job is None else 0
     while manager.current_step() < args.steps:
         step = manager.current_step()
         if args.incarnation == 0 and args.replica == args.kill_replica and step == args.kill_step:
@@ -91,11 +102,15 @@ def main() -> None:
         optimizer.zero_grad()  # the quorum (and, for a restarted replica, the heal) happens here
         before = manager.current_step()
         world, rank = manager.num_participants(), manager.participating_rank() or 0
-        per_epoch = max(1, n // (args.batch * world))
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(step // per_epoch))
-        offset = (step % per_epoch) * args.batch * world + rank * args.batch
-        idx = perm[offset:offset + args.batch]
-        F.cross_entropy(model(data.train.x[idx]), data.train.y[idx]).backward()
+        if job is not None:
+            x, y = job.batch(step, rank, world)
+            job.loss(x, y, model).backward()
+        else:
+            per_epoch = max(1, n // (args.batch * world))
+            perm = torch.randperm(n, generator=torch.Generator().manual_seed(step // per_epoch))
+            offset = (step % per_epoch) * args.batch * world + rank * args.batch
+            idx = perm[offset:offset + args.batch]
+            F.cross_entropy(model(data.train.x[idx]), data.train.y[idx]).backward()
         optimizer.step()
         done = manager.current_step()  # steps committed so far (a healed replica jumped to its peers' count)
         say(event="step", step=done, committed=done > before, participants=world, **me)

@@ -29,6 +29,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from cohort.trainer.workloads.datasets import digits  # noqa: E402
 from cohort.trainer.workloads.models import MLP  # noqa: E402
 
+try:
+    from bench import job_workload
+except ImportError:  # run as a script: bench/ is not a package on the path
+    import job_workload  # type: ignore[no-redef]
+
 IMPORTED = time.time()
 
 
@@ -44,7 +49,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ckpt-dir", required=True)
     ap.add_argument("--every", type=int, required=True)
-    ap.add_argument("--kill-step", type=int, required=True)
+    ap.add_argument("--kill-step", type=int, default=-1, help="-1: never (something else kills the workers)")
+    ap.add_argument("--manifest", default="", help="train this TrainingJob's workload instead of the MLP on digits")
     ap.add_argument("--kill-rank", type=int, default=2)
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--batch", type=int, default=32)
@@ -65,10 +71,15 @@ def main() -> None:
     say(t=START, event="start", rank=rank, incarnation=incarnation)
     say(t=IMPORTED, event="imported", rank=rank, incarnation=incarnation)
     say(t=formed, event="rendezvous", rank=rank, incarnation=incarnation)
-    data = digits()
-    torch.manual_seed(0)
-    model = DDP(MLP(data.info, hidden=128))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if args.manifest:
+        job = job_workload.load(args.manifest)
+        model = DDP(job.model)
+        opt = job.optimizer(model.parameters())
+    else:
+        data = digits()
+        torch.manual_seed(0)
+        model = DDP(MLP(data.info, hidden=128))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     ckpt = Path(args.ckpt_dir) / "latest.pt"
     start = 0
     if ckpt.exists():
@@ -77,24 +88,30 @@ def main() -> None:
         opt.load_state_dict(state["optim"])
         start = state["step"]
     say(event="loaded", step=start, rank=rank, incarnation=incarnation)
-    n = len(data.train)
+    n = len(data.train) if not args.manifest else 0
     for step in range(start, args.steps):
         if incarnation == 0 and rank == args.kill_rank and step == args.kill_step:
             say(event="kill", step=step)
             os.kill(os.getpid(), signal.SIGKILL)
-        g = torch.Generator().manual_seed(step // (n // (args.batch * world)))
-        perm = torch.randperm(n, generator=g)
-        offset = (step % (n // (args.batch * world))) * args.batch * world + rank * args.batch
-        idx = perm[offset:offset + args.batch]
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(data.train.x[idx]), data.train.y[idx]).backward()
+        if args.manifest:
+            x, y = job.batch(step, rank, world)
+            job.loss(x, y, model).backward()
+        else:
+            g = torch.Generator().manual_seed(step // (n // (args.batch * world)))
+            perm = torch.randperm(n, generator=g)
+            offset = (step % (n // (args.batch * world))) * args.batch * world + rank * args.batch
+            idx = perm[offset:offset + args.batch]
+            F.cross_entropy(model(data.train.x[idx]), data.train.y[idx]).backward()
         opt.step()
         if step == start:
             say(event="first_step", step=step + 1, rank=rank, incarnation=incarnation)
         if rank == 0 and (step + 1) % args.every == 0:
+            t0 = time.time()
             tmp = ckpt.with_suffix(".tmp")
             torch.save({"model": model.module.state_dict(), "optim": opt.state_dict(), "step": step + 1}, tmp)
             tmp.replace(ckpt)
+            say(event="saved", step=step + 1, seconds=time.time() - t0, rank=rank, incarnation=incarnation)
     dist.barrier()
     os._exit(0)
 
