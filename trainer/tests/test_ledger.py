@@ -65,7 +65,6 @@ def test_a_run_with_a_slowed_rank_accounts_straggling_evaluation_and_checkpoints
                  checkpoint={"everySteps": 60}, stragglers={"policy": "ignore", "threshold": 1.5})
     s = run_local(tmp_path, m, workers=2, ckpt=tmp_path / "ck", env={"COHORT_FAULT_SLOW": "rank=1,factor=6,step=120"})
     seconds = s["ledger"]["seconds"]
-    print(seconds)
     assert set(seconds) == set(CATEGORIES)
     # Rank 0's process age, every second once: its totals add up to the time from its start to the reading.
     assert sum(seconds.values()) == pytest.approx(s["ledger"]["at"] - s["ledger"]["startedAt"], abs=0.01)
@@ -74,3 +73,6 @@ def test_a_run_with_a_slowed_rank_accounts_straggling_evaluation_and_checkpoints
     # Half the steps ran beside a 6x slower rank: rank 0 waited for it in every allreduce.
     assert seconds["straggler"] > 0.5 * seconds["training"], seconds
     assert seconds["recovery"] == 0, seconds
+    for log in (tmp_path / "run").glob("*.log"):  # the ledger's switch at a world's first step, and only there
+        text = log.read_text()
+        assert text.count('"first step in world"') == text.count('"joined world"') == 1, log.name

@@ -96,6 +96,19 @@ def test_a_ready_spare_is_promoted_in_the_world_that_drops_the_killed_worker(tmp
     assert spare[0]["step"] == 60 and spare[0]["source"] == "peer", spare  # state from the survivors: 0 lost
 
 
+def test_a_worker_lost_in_the_final_evaluation_is_recovered_from_and_the_job_finishes(tmp_path):
+    """Rank 1 dies after the last step, as the final evaluation starts (the benchmark of issue 31 met it
+    with a kill every 15 s: rank 0's evaluation collective failed and the whole job exited 2)."""
+    m = manifest("lastkill", replicas={"spares": 1}, workload={"epochs": 0, "maxSteps": 30})
+    s = run_local(tmp_path, m, workers=2, env={"COHORT_FAULT_KILL": "rank=1,step=30"})
+    assert s["step"] == 30 and s["accuracy"] > 0, s
+    assert len(s["worlds"]) >= 2 and "promoted" in s["worlds"][1]["reason"], s["worlds"]
+    log = (tmp_path / "run/lastkill-worker-0.log").read_text()
+    assert '"fault injection: SIGKILL self"' in (tmp_path / "run/lastkill-worker-1.log").read_text()
+    joined = [json.loads(line) for line in log.splitlines() if '"joined world"' in line]
+    assert [j["step"] for j in joined] == [0, 30], joined  # the second world trains no step, only finishes
+
+
 @pytest.mark.slow
 def test_worker_killed_mid_training_recovers_in_place_without_lost_steps(tmp_path):
     s = run_local(tmp_path, manifest("inplace"), workers=4, env={"COHORT_FAULT_KILL": "rank=2,step=100"})

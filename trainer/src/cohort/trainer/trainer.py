@@ -145,7 +145,9 @@ class Trainer:
             try:
                 self._enter(world)
                 self._train(world)
-                break
+                # In the try: a peer lost during the final evaluation is recovered from like one lost
+                # mid-step (the next world re-forms at the last step, trains none, and finishes again).
+                return self._finish()
             except (Superseded, WorldChanged) as e:
                 log.info("world changed", extra={"from_version": world.version, "reason": type(e).__name__})
             except RuntimeError as e:  # a collective failed: a peer died or left
@@ -156,7 +158,6 @@ class Trainer:
                     # The step in flight failed before the optimizer ran: the state is the last whole step.
                     self._checkpoint_on_stop()
             self._leave()
-        return self._finish()
 
     def _await_membership(self) -> World:
         seen = self.world.version if self.world else 0
@@ -381,9 +382,9 @@ class Trainer:
         if self.first_step_pending:  # every rank, newcomers too: where benchmarks end a recovery
             self.first_step_pending = False
             self.ledger.switch("training")  # the first step in a world ends starting or recovery
+            log.info("first step in world", extra={"step": self.state.step, "t": time.time()})
         else:
             self.pace.add(self.ledger.step(self.pace.healthy(), self.spec.stragglers.threshold))
-            log.info("first step in world", extra={"step": self.state.step, "t": time.time()})
         if self.left_at is not None:  # first step of a new world completes a recovery
             m.recovery_seconds.observe(time.perf_counter() - self.left_at)
             m.recoveries.labels("checkpoint" if self.recovery_source == "checkpoint" else "peer").inc()
@@ -525,6 +526,7 @@ class Trainer:
             log.info("checkpointed on leaving", extra={"step": self.state.step})
 
     def _finish(self) -> dict[str, Any]:
+        self.faults.before_step(self.rank, self.state.step)  # COHORT_FAULT_KILL at the last step fires here
         self.ledger.switch("finishing")
         self.evaluate()
         self._maybe_checkpoint(final=True)
