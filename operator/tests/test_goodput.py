@@ -110,3 +110,11 @@ def test_idle_phases_are_accounted_every_few_seconds_and_at_each_change():
     job.reconcile(10, "Suspended")  # a user suspends it: the Pending seconds before are starting
     job.reconcile(20, "Suspended")
     assert job.seconds == {"starting": 10.0, "queued": 10.0}
+
+
+def test_a_job_whose_rank_0_never_answered_never_got_past_starting():
+    job = Job()
+    job.reconcile(5, "Running")
+    job.reconcile(30, "Running")  # a kwok pod, or probes blocked: no reading
+    job.reconcile(40, "Failed")
+    assert job.seconds == {"starting": 40.0} and job.status.goodput.percent == 0.0

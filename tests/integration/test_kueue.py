@@ -86,6 +86,9 @@ def test_over_quota_job_waits_with_kueues_reason_and_starts_when_quota_is_releas
     assert condition(cluster.get_job(namespace, "second"), "Admitted")["status"] == "True"
     assert job["replicas"]["admitted"] == 2
     assert "Resumed" in event_reasons(cluster, namespace, "second")
+    # Its time ledger holds the wait: at least the 2 s above, all of it before the admission.
+    goodput = job["goodput"]
+    assert goodput["seconds"]["queued"] >= 2 and goodput["seconds"]["queued"] <= goodput["wallSeconds"], goodput
 
 
 def test_partial_admission_runs_what_kueue_admits_and_follows_the_quota_in_place(cluster, namespace, queue,  # noqa: F811

@@ -14,8 +14,9 @@ out. Who knows what the time was spent on depends on where the job is:
 - training over steps the job had already reached (``highWaterStep``), after a
   fallback to a checkpoint, is lost work;
 - when the job leaves the active phases, the time since the last reading is
-  finishing (Succeeded, Failed) or recovery (suspended or evicted mid-run); the
-  termination summary's ledger, when rank 0 wrote one, is the last reading.
+  finishing (Succeeded, Failed) or recovery (suspended or evicted mid-run), or
+  starting if no step was ever reported; the termination summary's ledger,
+  when rank 0 wrote one, is the last reading.
 
 A reconcile with nothing new (no new reading while a trainer runs, less than
 :data:`MIN_INTERVAL_S` of a phase without one) leaves the cursor where it is;
@@ -80,6 +81,8 @@ def account(observed: Inputs, decision: Decision) -> None:
 def _without_trainer(before: str, after: str, high_water: int, first: bool) -> str:
     """The category of an interval no trainer reading covers, by the phase the job was in."""
     if before in ACTIVE_PHASES:
+        if not high_water:
+            return "starting"  # no step was ever reported (rank 0 never answered): it never got further
         return "finishing" if after in FINAL_PHASES else "recovery"
     if before == "Suspended":
         return "queued"
