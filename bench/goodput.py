@@ -72,6 +72,7 @@ class Run:
     ckpt_s: float = 0.0  # torchrun: mean save time
     step_s: float = 0.0  # torchrun: mean step time of the failure-free run
     crashes: int = 0  # torchft: replicas that exited non-zero without being killed (restarted too)
+    finished: bool = True  # False: stopped at --timeout (wall is then the limit, steps what it had reached)
 
 
 def manifest(tmp: Path, steps: int, spares: int) -> Path:
@@ -129,15 +130,17 @@ class Killer:
                 print(f"    kill {self.kills} at {time.monotonic() - self.t0:.1f} s (pid {pid})", file=sys.stderr)
 
 
-def _wait(proc: subprocess.Popen, killer: Killer, timeout_s: float, what: str) -> None:
+def _wait(proc: subprocess.Popen, killer: Killer, timeout_s: float) -> bool:
+    """Until the system's process exits (True), or until ``timeout_s``: then its process group is killed (False)."""
     deadline = time.monotonic() + timeout_s
     while proc.poll() is None:
         killer.tick()
         if time.monotonic() > deadline:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            raise TimeoutError(f"{what} did not finish in {timeout_s} s")
+            return False
         time.sleep(0.1)
+    return True
 
 
 def cohort_once(tmp: Path, steps: int, period: float, timeout_s: float) -> Run:
@@ -161,8 +164,10 @@ def cohort_once(tmp: Path, steps: int, period: float, timeout_s: float) -> Run:
                              "--checkpoint-dir", str(tmp / "ck"), "--summary-json", str(summary)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     killer = Killer(period, victim)
-    _wait(proc, killer, timeout_s, "cohort run")
+    finished = _wait(proc, killer, timeout_s)
     wall, cpu = time.monotonic() - t0, _cpu() - cpu
+    if not finished:
+        return Run(wall, cpu, killer.kills, -1, finished=False)
     if proc.returncode != 0:
         raise RuntimeError(f"cohort run exited {proc.returncode}; logs in {run_dir}")
     s = json.loads(summary.read_text())
@@ -183,8 +188,10 @@ def torchrun_once(tmp: Path, steps: int, period: float, every: int, port: int, t
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     killer = Killer(period, victim)
-    _wait(proc, killer, timeout_s, "torchrun")
+    finished = _wait(proc, killer, timeout_s)
     wall, cpu = time.monotonic() - t0, _cpu() - cpu
+    if not finished:
+        return Run(wall, cpu, killer.kills, -1, finished=False)
     if proc.returncode != 0:
         raise RuntimeError(f"torchrun exited {proc.returncode}; events in {tmp}")
     events = [json.loads(line) for f in tmp.glob("events-*.jsonl") for line in f.read_text().splitlines()]
@@ -228,6 +235,7 @@ def torchft_once(tmp: Path, steps: int, period: float, port: int, timeout_s: flo
         killer = Killer(period, victim)
         deadline = time.monotonic() + timeout_s
         crashes = 0  # replicas that failed on their own (torchft 0.2's DDP hook asserts when a peer dies mid-backward)
+        finished = True
         # The job is done when a replica has committed the last step and exits 0. The others may still be
         # waiting for a quorum that the finished replicas no longer join: they are stopped then.
         while not any(p.poll() == 0 for p in procs.values()):
@@ -238,7 +246,8 @@ def torchft_once(tmp: Path, steps: int, period: float, port: int, timeout_s: flo
                     incarnation[r] += 1
                     spawn(r)
             if time.monotonic() > deadline:
-                raise TimeoutError(f"torchft run did not finish; logs in {tmp}")
+                finished = False
+                break
             time.sleep(0.1)
         wall = time.monotonic() - t0
     finally:
@@ -247,9 +256,10 @@ def torchft_once(tmp: Path, steps: int, period: float, port: int, timeout_s: flo
                 p.kill()
             p.wait()
     cpu = _cpu() - cpu
-    done = [json.loads(line) for log in tmp.glob("r*.log") for line in log.read_text().splitlines()
-            if line.startswith("{") and '"done"' in line]
-    return Run(wall, cpu, killer.kills, max(e["step"] for e in done), crashes=crashes)
+    events = [json.loads(line) for log in tmp.glob("r*.log") for line in log.read_text().splitlines()
+              if line.startswith("{") and ('"done"' in line or '"step"' in line)]
+    reached = max((e["step"] for e in events if e["event"] == "done" or e.get("committed")), default=0)
+    return Run(wall, cpu, killer.kills, reached, crashes=crashes, finished=finished)
 
 
 def young_interval(save_s: float, step_s: float, period: float) -> int:
@@ -269,7 +279,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--periods", default="60,15", help="seconds between kills (comma list)")
     ap.add_argument("--systems", default="cohort,torchrun,torchft")
-    ap.add_argument("--timeout", type=float, default=1800, help="per run, seconds")
+    ap.add_argument("--timeout", type=float, default=600,
+                    help="per run, seconds: a run still going then is stopped and shown as not finished")
     args = ap.parse_args()
     systems = args.systems.split(",")
     if "torchft" in systems and not (TORCHFT / "torchft").is_dir():
@@ -294,7 +305,8 @@ def main() -> None:
                 shutil.rmtree(tmp)
                 runs[(system, period)].append(r)
                 print(f"repeat {i + 1}/{args.repeats}, {'no kills' if not period else f'a kill every {period:g} s'}: "
-                      f"{system}: {r.wall:.1f} s, {r.kills} kills, {r.steps} steps, {r.cpu:.0f} CPU s",
+                      f"{system}: {r.wall:.1f} s, {r.kills} kills, {r.steps} steps, {r.cpu:.0f} CPU s"
+                      f"{'' if r.finished else f' (stopped at the {args.timeout:g} s limit)'}",
                       file=sys.stderr, flush=True)
     print(f"{WORKERS} ranks, examples/gpt-text.yaml for {args.steps} steps, gloo/CPU; {args.repeats} repeats, "
           f"interleaved; started {started}; ended {host()}")
@@ -311,7 +323,12 @@ def main() -> None:
                     (" (Young's interval)" if period else "")
             if system == "torchft" and any(r.crashes for r in rs):
                 note = f"{cell([float(r.crashes) for r in rs], '.0f')} replicas also failed on their own, restarted"
-            if system == "cohort" and all(r.ledger for r in rs):
+            unfinished = [r for r in rs if not r.finished]
+            if unfinished:
+                note += (f"; {len(unfinished)} of {len(rs)} runs stopped at the {args.timeout:g} s limit "
+                         f"(steps reached: {', '.join(str(r.steps) for r in unfinished)}): their goodput is at most "
+                         "the figure")
+            if system == "cohort" and rs and all(r.ledger for r in rs):
                 shares = [r.ledger.get("training", 0.0) / r.wall for r in rs]
                 note = f"ledger: training {cell([100 * s for s in shares])} % of wall"
                 if period:
