@@ -143,6 +143,17 @@ def _wait(proc: subprocess.Popen, killer: Killer, timeout_s: float) -> bool:
     return True
 
 
+def _supervise(cmd: list[str], period: float, victim, timeout_s: float,
+               env: dict[str, str] | None = None) -> tuple[subprocess.Popen, bool, float, float, int]:
+    """Run a system's command with a Killer beside it: (process, finished, wall s, CPU s, kills)."""
+    cpu, t0 = _cpu(), time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env=env)
+    killer = Killer(period, victim)
+    finished = _wait(proc, killer, timeout_s)
+    return proc, finished, time.monotonic() - t0, _cpu() - cpu, killer.kills
+
+
 def cohort_once(tmp: Path, steps: int, period: float, timeout_s: float) -> Run:
     run_dir = tmp / "run"
 
@@ -158,20 +169,16 @@ def cohort_once(tmp: Path, steps: int, period: float, timeout_s: float) -> Run:
                      if env.get("COHORT_POD_NAME") == name), None)
 
     summary = tmp / "summary.json"
-    cpu, t0 = _cpu(), time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "cohort.trainer.cli", "run", str(manifest(tmp, steps, 1)),
-                             "--local", "--workers", str(WORKERS), "--run-dir", str(run_dir),
-                             "--checkpoint-dir", str(tmp / "ck"), "--summary-json", str(summary)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    killer = Killer(period, victim)
-    finished = _wait(proc, killer, timeout_s)
-    wall, cpu = time.monotonic() - t0, _cpu() - cpu
+    proc, finished, wall, cpu, kills = _supervise(
+        [sys.executable, "-m", "cohort.trainer.cli", "run", str(manifest(tmp, steps, 1)), "--local", "--workers",
+         str(WORKERS), "--run-dir", str(run_dir), "--checkpoint-dir", str(tmp / "ck"), "--summary-json", str(summary)],
+        period, victim, timeout_s)
     if not finished:
-        return Run(wall, cpu, killer.kills, -1, finished=False)
+        return Run(wall, cpu, kills, -1, finished=False)
     if proc.returncode != 0:
         raise RuntimeError(f"cohort run exited {proc.returncode}; logs in {run_dir}")
     s = json.loads(summary.read_text())
-    return Run(wall, cpu, killer.kills, int(s["step"]), ledger=(s.get("ledger") or {}).get("seconds", {}))
+    return Run(wall, cpu, kills, int(s["step"]), ledger=(s.get("ledger") or {}).get("seconds", {}))
 
 
 def torchrun_once(tmp: Path, steps: int, period: float, every: int, port: int, timeout_s: float) -> Run:
@@ -184,14 +191,10 @@ def torchrun_once(tmp: Path, steps: int, period: float, every: int, port: int, t
            "--max-restarts", "1000", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
            str(REPO / "bench/torchrun_worker.py"), "--ckpt-dir", str(tmp), "--every", str(every),
            "--steps", str(steps), "--manifest", str(MANIFEST)]
-    cpu, t0 = _cpu(), time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    killer = Killer(period, victim)
-    finished = _wait(proc, killer, timeout_s)
-    wall, cpu = time.monotonic() - t0, _cpu() - cpu
+    proc, finished, wall, cpu, kills = _supervise(cmd, period, victim, timeout_s,
+                                                  env={**os.environ, "OMP_NUM_THREADS": "1"})
     if not finished:
-        return Run(wall, cpu, killer.kills, -1, finished=False)
+        return Run(wall, cpu, kills, -1, finished=False)
     if proc.returncode != 0:
         raise RuntimeError(f"torchrun exited {proc.returncode}; events in {tmp}")
     events = [json.loads(line) for f in tmp.glob("events-*.jsonl") for line in f.read_text().splitlines()]
@@ -199,7 +202,7 @@ def torchrun_once(tmp: Path, steps: int, period: float, every: int, port: int, t
     first = [e for e in events if e["event"] == "first_step" and e.get("incarnation") == 0]
     step_s = (wall - (max(e["t"] for e in first) - min(e["t"] for e in events if e["event"] == "start"))) / steps \
         if first else 0.0
-    return Run(wall, cpu, killer.kills, steps, ckpt_s=statistics.fmean(saves) if saves else 0.0, step_s=step_s)
+    return Run(wall, cpu, kills, steps, ckpt_s=statistics.fmean(saves) if saves else 0.0, step_s=step_s)
 
 
 def torchft_once(tmp: Path, steps: int, period: float, port: int, timeout_s: float) -> Run:

@@ -76,3 +76,14 @@ def test_a_run_with_a_slowed_rank_accounts_straggling_evaluation_and_checkpoints
     for log in (tmp_path / "run").glob("*.log"):  # the ledger's switch at a world's first step, and only there
         text = log.read_text()
         assert text.count('"first step in world"') == text.count('"joined world"') == 1, log.name
+
+
+def test_during_gives_a_block_its_category_and_resumes_the_one_before():
+    clock = FakeClock()
+    ledger = TimeLedger(clock=clock)
+    with pytest.raises(RuntimeError), ledger.during("evaluation"):
+        clock.t += 2
+        raise RuntimeError("a collective failed")
+    clock.t += 1
+    assert ledger.current == "starting"
+    assert ledger.snapshot()["seconds"]["evaluation"] == 2.0 and ledger.snapshot()["seconds"]["starting"] == 1.0

@@ -24,11 +24,12 @@ The healthy pace is :class:`HealthyPace`: per world size, the fastest median of
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 CATEGORIES = ("starting", "training", "checkpoint", "recovery", "straggler", "evaluation", "finishing")
@@ -54,6 +55,15 @@ class TimeLedger:
             self.seconds[self.current] += now - self._mark
             self._mark, previous, self.current = now, self.current, category
         return previous
+
+    @contextlib.contextmanager
+    def during(self, category: str) -> Iterator[None]:
+        """The block's time is ``category``'s; the category before it resumes after."""
+        previous = self.switch(category)
+        try:
+            yield
+        finally:
+            self.switch(previous)
 
     def relabel(self, category: str) -> None:
         """The open interval turned out to be ``category``'s (a step whose collective failed is recovery)."""

@@ -449,11 +449,8 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """Collective evaluation: each rank scores its shard of the eval set; sums are all-reduced."""
         assert self.plan is not None
-        previous = self.ledger.switch("evaluation")
-        try:
+        with self.ledger.during("evaluation"):
             return self._evaluate()
-        finally:
-            self.ledger.switch(previous)
 
     def _evaluate(self) -> dict[str, float]:
         assert self.plan is not None
@@ -498,12 +495,9 @@ class Trainer:
         if self.plan.replicated and self.rank != 0:
             return
         meta = {"worldSize": self.world.size if self.world else 1, "plan": self.plan.describe()}
-        previous = self.ledger.switch("checkpoint")
-        try:
+        with self.ledger.during("checkpoint"):
             self.ckpt.save(self.state.step, self.state.checkpoint_state(), meta, coordinator=self.rank == 0,
                            sharded=not self.plan.replicated, group=self.plan.checkpoint_group)
-        finally:
-            self.ledger.switch(previous)
 
     def _excluded(self) -> bool:
         """The newest world leaves this worker out (suspend, eviction, scale-down, replacement)."""
@@ -519,9 +513,8 @@ class Trainer:
             return
         before = self.last_saved_step
         self._maybe_checkpoint(final=True)
-        previous = self.ledger.switch("checkpoint")
-        self.ckpt.wait()
-        self.ledger.switch(previous)
+        with self.ledger.during("checkpoint"):
+            self.ckpt.wait()
         if self.last_saved_step != before:
             log.info("checkpointed on leaving", extra={"step": self.state.step})
 
@@ -530,9 +523,8 @@ class Trainer:
         self.ledger.switch("finishing")
         self.evaluate()
         self._maybe_checkpoint(final=True)
-        self.ledger.switch("checkpoint")
-        self.ckpt.wait()  # the last commit: blocked by a save
-        self.ledger.switch("finishing")
+        with self.ledger.during("checkpoint"):
+            self.ckpt.wait()  # the last commit: blocked by a save
         summary = {"step": self.state.step, "epoch": self.sampler.epoch, "loss": self.loss_ema,
                    **self.eval_result, "samplesPerSecond": self.sps_ema,
                    "tokensPerSecond": self.throughput.tokens_per_second(self.sps_ema) if self.sps_ema else None,
