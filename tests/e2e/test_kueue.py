@@ -25,7 +25,11 @@ def test_preempted_job_checkpoints_requeues_and_resumes_without_going_back(
         cluster, namespace, real_nodes, queue, operator):  # noqa: F811
     queue.create(cpu="1", preemption=True)
     low, high = queue.priority("low", 10), queue.priority("high", 1000)
-    job = training_job("train", replicas={"min": 2, "max": 2, "target": 2},
+    # The first workers compute 40 times slower (about 50 ms a step, not 2): the job's 660 steps outlast
+    # the preemption (unslowed, it ran from step 150 to the end before its pods were told to stop, and
+    # never checkpointed on leaving). Processes that resume past step 1 are not slowed.
+    job = training_job("train", env={"COHORT_FAULT_SLOW": "rank=all,factor=40,step=1"},
+                       replicas={"min": 2, "max": 2, "target": 2},
                        resources={"requests": {"cpu": "500m", "memory": "256Mi"},
                                   "limits": {"cpu": "2", "memory": "1536Mi"}},
                        checkpoint={"everySteps": 1000})  # periodic saves far apart: the one on eviction counts
