@@ -136,3 +136,19 @@ def test_a_trimmed_pod_views_the_same():
            "status": {"phase": "Running", "podIP": "10.0.0.2", "conditions": [{"type": "Ready", "status": "True"}]}}
     assert view_pod(trim_pod(pod), "job") == view_pod(pod, "job")
     assert "managedFields" not in trim_pod(pod)["metadata"]
+
+
+def test_per_job_metrics_avoid_the_labels_prometheus_keeps_for_the_scrape_target():
+    """Prometheus sets ``namespace`` and ``job`` on every series from the operator's pod (its scrape target) and
+    renames a series' own to ``exported_*``, so a dashboard selecting a job by them would find nothing."""
+    from cohort.operator.metrics import OperatorMetrics
+
+    metrics = OperatorMetrics()
+    metrics.set_queue_workers("team-a", "llm", 4, 2)
+    metrics.set_goodput("team-a", "llm", {"training": 3.0, "queued": 1.0})
+    samples = [s for family in metrics.registry.collect() for s in family.samples]
+    per_job = [s for s in samples if "llm" in s.labels.values()]
+    assert {s.name for s in per_job} == {"cohort_operator_queue_workers", "cohort_operator_goodput_seconds_total"}
+    assert all({"job_namespace", "trainingjob"} <= set(s.labels) for s in per_job), per_job
+    clashing = sorted({(s.name, label) for s in samples for label in s.labels if label in ("namespace", "job")})
+    assert not clashing, clashing

@@ -155,7 +155,7 @@ def test_higher_priority_job_evicts_and_the_evicted_job_queues_again(cluster, na
     assert [w["metadata"]["name"] for w in queue.workloads("low")] == [first]
     metrics = operator.metrics()
     assert "cohort_operator_queue_admissions_total 3.0" in metrics  # low, high, low again
-    assert f'cohort_operator_queue_workers{{job="low",kind="admitted",namespace="{namespace}"}} 2.0' in metrics
+    assert f'cohort_operator_queue_workers{{job_namespace="{namespace}",kind="admitted",trainingjob="low"}} 2.0' in metrics
 
 
 def test_a_job_managed_by_another_controller_is_left_alone(cluster, namespace, operator):

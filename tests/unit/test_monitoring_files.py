@@ -116,6 +116,32 @@ def test_every_metric_used_is_in_the_contract_catalogue(dashboard):
     assert not unknown, f"not in docs/contracts.md §4 (or not under the exposed name): {unknown}"
 
 
+def test_per_job_operator_series_are_selected_by_their_own_labels(dashboard):
+    """The operator's per-job series carry job_namespace and trainingjob; namespace and job on them are the
+    operator pod's (Prometheus's scrape-target labels), so a query that selects or groups a job by those
+    shows nothing. (The alerts' sums by namespace over operator-wide series are meant: the operator's.)"""
+    per_job = [n for n in per_job_metrics() if n.startswith("cohort_operator_")]
+    assert {"cohort_operator_queue_workers", "cohort_operator_goodput_seconds_total"} <= set(per_job)
+    exprs = dashboard_exprs(dashboard) + [(r["alert"], without_helm(r["expr"])) for r in alert_rules()]
+    wrong, checked = [], 0
+    for where, expr in exprs:
+        if not any(n in expr for n in per_job):
+            continue
+        checked += 1
+        for name, selector in re.findall(r"(cohort_operator_\w+)\{([^}]*)\}", expr):
+            if name in per_job:
+                wrong += [(where, m) for m in re.findall(r"\b(namespace|job)\s*=", selector)]
+        wrong += [(where, g) for g in re.findall(r"by \(([^)]*\b(?:namespace|job)\b[^)]*)\)", expr)]
+    assert checked >= 4 and not wrong, wrong
+
+
+def per_job_metrics() -> set[str]:
+    """Metrics whose row in docs/contracts.md lists a `trainingjob` label."""
+    rows = (REPO / "docs/contracts.md").read_text().splitlines()
+    return {m.group(1) for line in rows if "`trainingjob`" in line
+            and (m := re.match(r"\|\s*`(cohort_[a-z_]+)`", line))}
+
+
 @pytest.mark.parametrize("expr, names", [
     ('sum by (phase) (cohort_operator_jobs)', {"cohort_operator_jobs"}),
     ('rate(a_sum{x=~"$namespace", y="by (z)"}[$__rate_interval]) / on (pod) group_left(le) b_count',

@@ -38,9 +38,11 @@ class OperatorMetrics:
         self.queue_wait = Histogram(
             "cohort_operator_queue_wait_seconds", "Time a TrainingJob waited in its Kueue queue before an admission",
             registry=r, buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600))
+        # Per-job series are labelled job_namespace and trainingjob, never namespace and job: Prometheus
+        # keeps those two for the scrape target (the operator's pod) and renames a series' own exported_*.
         self.queue_workers = Gauge("cohort_operator_queue_workers",
                                    "Workers of a queued TrainingJob: kind=target (spec) or admitted (Kueue)",
-                                   ["namespace", "job", "kind"], registry=r)
+                                   ["job_namespace", "trainingjob", "kind"], registry=r)
         # Each job's time ledger (status.goodput.seconds), exported as it stands: a counter whose value
         # is the status's, so a restarted operator continues each series where the last one left it.
         self.goodput: dict[tuple[str, str], dict[str, float]] = {}
@@ -64,7 +66,7 @@ class OperatorMetrics:
                 with contextlib.suppress(KeyError):
                     self.queue_workers.remove(namespace, job, kind)
             else:
-                self.queue_workers.labels(namespace=namespace, job=job, kind=kind).set(value)
+                self.queue_workers.labels(job_namespace=namespace, trainingjob=job, kind=kind).set(value)
 
     def set_goodput(self, namespace: str, job: str, seconds: Mapping[str, float] | None) -> None:
         """A job's ledger by category (status.goodput.seconds); None when the job is gone."""
@@ -79,10 +81,8 @@ class OperatorMetrics:
 
 
 class _GoodputCollector:
-    """``cohort_operator_goodput_seconds_total{job_namespace, trainingjob, category}`` from the operator's ledgers.
-
-    Not ``namespace`` and ``job``: Prometheus keeps those for the scrape target (the operator's pod), and a
-    series' own would be renamed ``exported_*``; ``trainingjob`` is the workers' label for the same job."""
+    """``cohort_operator_goodput_seconds_total{job_namespace, trainingjob, category}`` from the operator's ledgers
+    (``trainingjob`` is the workers' label for the same job)."""
 
     def __init__(self, jobs: dict[tuple[str, str], dict[str, float]]):
         self.jobs = jobs
