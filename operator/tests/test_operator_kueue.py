@@ -3,6 +3,7 @@ that keep them in step with the job (:mod:`cohort.operator.kueue`), plus the dec
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 
 from tests.support.specs import with_workload
@@ -241,3 +242,21 @@ def test_plan_releases_the_workloads_of_a_job_taken_out_of_its_queue():
     slices = [parse_slice(workload("j-q1", 4, admitted=4))]
     assert plan(body, spec, slices, TEMPLATE, phase="Running", finish_reason="", finish_message="",
                 active_pods=4) == [Delete("j-q1", "the job left its queue")]
+
+
+def test_a_pending_workload_keeps_its_place_when_only_the_operators_defaults_change():
+    # An operator upgrade changes the default image (and may add env or labels) in every worker's template;
+    # a pending Workload that asks for the same quota is kept, so the job keeps its place in the queue.
+    body, spec = job()
+    pending = parse_slice(workload("j-q1", 4, min_count=2, pending="no quota", asks=want(body, spec)))
+    upgraded = copy.deepcopy(TEMPLATE)
+    upgraded["metadata"] = {"labels": {"cohort.dev/operator-version": "2"}}
+    upgraded["spec"]["containers"][0] |= {"image": "cohort-trainer:0.2.0", "env": [{"name": "X", "value": "1"}]}
+    assert plan(body, spec, [pending], upgraded, phase="Suspended", finish_reason="", finish_message="",
+                active_pods=0) == []
+    # what Kueue counts or places by does replace it
+    for change in ({"containers": [{"name": "trainer", "resources": {"requests": {"cpu": "2"}}}]},
+                   {"nodeSelector": {"pool": "b"}}, {"tolerations": [{"key": "gpu", "operator": "Exists"}]}):
+        moved = {"spec": {**copy.deepcopy(TEMPLATE["spec"]), **change}}
+        assert plan(body, spec, [pending], moved, phase="Suspended", finish_reason="", finish_message="",
+                    active_pods=0) == [Delete("j-q1", "the spec changed")], change

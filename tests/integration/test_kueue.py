@@ -78,6 +78,14 @@ def test_over_quota_job_waits_with_kueues_reason_and_starts_when_quota_is_releas
     assert wl["spec"]["podSets"][0]["count"] == 2 and "minCount" not in wl["spec"]["podSets"][0]
     assert wl["metadata"]["ownerReferences"][0]["name"] == "second"
 
+    # An operator upgrade (another default image in every worker's template) keeps the pending Workload,
+    # and with it the job's place in the queue; the workers it starts later get the new image.
+    operator.extra += ["--default-image", "cohort-trainer:upgraded"]
+    operator.restart()
+    wait_for(lambda: f'kind="target",trainingjob="second"' in operator.metrics(), 15,
+             what="the new operator's reconcile of the queued job (its queue gauge)")
+    assert [w["metadata"]["uid"] for w in queue.workloads("second")] == [wl["metadata"]["uid"]]
+
     finish(cluster, namespace, "first")
     first_wl = queue.workloads("first")[0]
     assert condition(first_wl, "Finished")["status"] == "True" and condition(first_wl, "Finished")["reason"] == \
@@ -86,6 +94,7 @@ def test_over_quota_job_waits_with_kueues_reason_and_starts_when_quota_is_releas
     assert condition(cluster.get_job(namespace, "second"), "Admitted")["status"] == "True"
     assert job["replicas"]["admitted"] == 2
     assert "Resumed" in event_reasons(cluster, namespace, "second")
+    assert {p.spec.containers[0].image for p in pods(cluster, namespace, "second")} == {"cohort-trainer:upgraded"}
     # Its time ledger holds the wait: at least the 2 s above, all of it before the admission.
     goodput = job["goodput"]
     assert goodput["seconds"]["queued"] >= 2 and goodput["seconds"]["queued"] <= goodput["wallSeconds"], goodput

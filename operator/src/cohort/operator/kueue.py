@@ -202,9 +202,21 @@ def admission_of(queue: str, slices: list[Slice], flavors: Mapping[str, Mapping[
 
 # --- building Workloads -----------------------------------------------------------
 
+# The parts of a pod's spec that Kueue reads to count quota and pick a flavor.
+_QUEUED_POD_FIELDS = ("nodeSelector", "affinity", "tolerations", "priorityClassName", "runtimeClassName", "overhead")
+
+
 def asks(queue: str, priority: str, workers: int, min_workers: int, spares: int, template: Mapping[str, Any]) -> str:
-    """A short digest of what a Workload asks for: a Workload that is not admitted is replaced when it changes."""
-    raw = json.dumps([queue, priority, workers, min_workers, spares, template], sort_keys=True)
+    """A short digest of what a Workload asks for: a Workload that is not admitted is replaced when it changes.
+
+    Of the template, only what Kueue reads (each container's resources, placement, priority): an image, an
+    env or a label the operator fills in, which an operator upgrade may change, keeps a pending Workload
+    and its place in the queue."""
+    pod = template.get("spec") or {}
+    containers = [[c.get("name"), c.get("resources") or {}]
+                  for key in ("initContainers", "containers") for c in pod.get(key) or []]
+    placed = {k: pod[k] for k in _QUEUED_POD_FIELDS if pod.get(k)}
+    raw = json.dumps([queue, priority, workers, min_workers, spares, containers, placed], sort_keys=True)
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
