@@ -20,6 +20,7 @@ from cohort.operator.kueue import (
     Shrink,
     admission_of,
     build_workload,
+    holding_quota,
     parse_slice,
     placement,
     plan,
@@ -260,3 +261,15 @@ def test_a_pending_workload_keeps_its_place_when_only_the_operators_defaults_cha
         moved = {"spec": {**copy.deepcopy(TEMPLATE["spec"]), **change}}
         assert plan(body, spec, [pending], moved, phase="Suspended", finish_reason="", finish_message="",
                     active_pods=0) == [Delete("j-q1", "the spec changed")], change
+
+
+def test_a_pod_stuck_terminating_stops_holding_the_quota_after_the_grace():
+    def pod(name, deadline="", **kw):
+        return PodView(name=name, terminating=bool(deadline), deletion_deadline=deadline, **kw)
+
+    pods = [pod("j-worker-0", fmt_time(NOW - dt.timedelta(seconds=30))),  # 30 s past its deadline
+            pod("j-worker-1", fmt_time(NOW + dt.timedelta(seconds=10))),  # still in its grace period
+            pod("j-worker-2"), pod("j-worker-3", failed=True), pod("x", owned=False)]
+    assert holding_quota(pods, NOW, 60) == (3, 30.0)   # worker-0 stuck for 30 more s, the first to let go
+    assert holding_quota(pods, NOW, 20) == (2, 30.0)   # worker-0 let go; worker-1 in 10 + 20 s
+    assert holding_quota(pods[2:], NOW, 20) == (1, None)

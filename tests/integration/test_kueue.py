@@ -82,7 +82,7 @@ def test_over_quota_job_waits_with_kueues_reason_and_starts_when_quota_is_releas
     # and with it the job's place in the queue; the workers it starts later get the new image.
     operator.extra += ["--default-image", "cohort-trainer:upgraded"]
     operator.restart()
-    wait_for(lambda: f'kind="target",trainingjob="second"' in operator.metrics(), 15,
+    wait_for(lambda: 'kind="target",trainingjob="second"' in operator.metrics(), 15,
              what="the new operator's reconcile of the queued job (its queue gauge)")
     assert [w["metadata"]["uid"] for w in queue.workloads("second")] == [wl["metadata"]["uid"]]
 
@@ -138,17 +138,28 @@ def test_partial_admission_runs_what_kueue_admits_and_follows_the_quota_in_place
 
 
 def test_higher_priority_job_evicts_and_the_evicted_job_queues_again(cluster, namespace, queue, operator):  # noqa: F811
+    operator.extra += ["--stuck-terminating-seconds", "2"]
+    operator.restart()
     queue.create(cpu="2", preemption=True)
     low, high = queue.priority("low", 10), queue.priority("high", 1000)
     cluster.create_job(namespace, queued_job("low", priority=low))
     wait_running_with(cluster, namespace, "low", 2)
     first = queue.workloads("low")[0]["metadata"]["name"]
-    cluster.create_job(namespace, queued_job("high", priority=high))
-    job = wait_phase(cluster, namespace, "low", "Suspended", 30)
-    assert condition(job, "Suspended")["reason"] == "Preempted", condition(job, "Suspended")
-    wait_for(lambda: pod_names(cluster, namespace, "low") == [], 20, what="low's pods deleted")
-    assert world(cluster, namespace, "low")["members"] == []
-    wait_running_with(cluster, namespace, "high", 2)
+    # One of its pods will be stuck Terminating (as on a dead node): a finalizer nobody removes.
+    hold = {"metadata": {"finalizers": ["cohort.dev/test-hold"]}}
+    cluster.core.patch_namespaced_pod("low-worker-0", namespace, hold)
+    try:
+        cluster.create_job(namespace, queued_job("high", priority=high))
+        job = wait_phase(cluster, namespace, "low", "Suspended", 30)
+        assert condition(job, "Suspended")["reason"] == "Preempted", condition(job, "Suspended")
+        wait_for(lambda: pod_names(cluster, namespace, "low") == [], 20, what="low's pods deleted")
+        assert world(cluster, namespace, "low")["members"] == []
+        # 2 s past its deletion deadline the stuck pod no longer holds the quota: the preemptor runs.
+        wait_running_with(cluster, namespace, "high", 2)
+        stuck = cluster.core.read_namespaced_pod("low-worker-0", namespace)
+        assert stuck.metadata.deletion_timestamp is not None
+    finally:
+        cluster.core.patch_namespaced_pod("low-worker-0", namespace, {"metadata": {"finalizers": None}})
     # The same Workload gave its quota back and waits in the queue again, as Kueue's integrations do.
     [wl] = queue.workloads("low")
     assert wl["metadata"]["name"] == first and "admission" not in wl["status"], wl["status"]

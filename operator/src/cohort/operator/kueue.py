@@ -31,6 +31,7 @@ carry the job label, so the job's Workloads are one list call away.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
@@ -38,8 +39,10 @@ from typing import Any
 
 from cohort.api.models import TrainingJobSpec
 
+from .lifecycle import parse_time
 from .manifests import Kind
 from .naming import LABEL_JOB, common_labels, owner_reference
+from .observe import PodView
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"  # a WorkloadPriorityClass
@@ -198,6 +201,26 @@ def admission_of(queue: str, slices: list[Slice], flavors: Mapping[str, Mapping[
         return Admission(queue, reason=s.reason or "Queued",
                          message=s.message or f"waiting for Kueue to admit Workload {s.name} in queue {queue}")
     return Admission(queue, reason="Queued", message=f"creating a Workload in queue {queue}")
+
+
+def holding_quota(pods: Iterable[PodView], now: dt.datetime, stuck_after_s: float) -> tuple[int, float | None]:
+    """The job's pods that still hold its quota, and in how many seconds the next one stops holding it.
+
+    A pod holds it until it ends or is gone, or until ``stuck_after_s`` past its deletion deadline: Kueue's
+    quota comes back when a suspended or evicted job's pods are gone, and one stuck Terminating (its node
+    dead, a finalizer never removed) would keep it forever."""
+    holding, wake = 0, None
+    for v in pods:
+        if not v.owned or v.failed or v.succeeded:
+            continue
+        deadline = parse_time(v.deletion_deadline) if v.terminating else None
+        left = (deadline - now).total_seconds() + stuck_after_s if deadline else None
+        if left is not None and left <= 0:
+            continue
+        holding += 1
+        if left is not None:
+            wake = left if wake is None else min(wake, left)
+    return holding, wake
 
 
 # --- building Workloads -----------------------------------------------------------

@@ -25,6 +25,7 @@ class PodView:
     phase: str = "Pending"
     ready: bool = False
     terminating: bool = False
+    deletion_deadline: str = ""  # metadata.deletionTimestamp: when a terminating pod should be gone
     failed: bool = False
     succeeded: bool = False
     owned: bool = True
@@ -91,6 +92,7 @@ def view_pod(pod: dict[str, Any], job_uid: str) -> PodView:
         phase=phase,
         ready=ready,
         terminating=terminating,
+        deletion_deadline=str(meta.get("deletionTimestamp") or ""),
         failed=failed,
         succeeded=succeeded,
         owned=bool(job_uid) and controller_uid(pod) == job_uid,

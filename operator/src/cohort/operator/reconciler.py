@@ -38,7 +38,7 @@ from .events import EventRecorder
 from .execute import Executor
 from .jobstate import JobKey, JobMemory
 from .kubeapi import ApiError, Kube
-from .kueue import Admission, Slice, queue_name
+from .kueue import Admission, Slice, holding_quota, queue_name
 from .kueue import finish as finish_workloads
 from .kueue import plan as plan_workloads
 from .lifecycle import FINAL_PHASES, get_condition
@@ -236,7 +236,9 @@ class Reconciler:
         queued_now = status.phase not in FINAL_PHASES
         self.metrics.set_queue_workers(key[0], key[1], spec.replicas.target if queued_now else None,
                                        (status.replicas.admitted or 0) if queued_now else None)
-        holding = sum(1 for v in inputs.pods if v.owned and not (v.failed or v.succeeded))
+        holding, stuck_in = holding_quota(inputs.pods, inputs.now, self.settings.stuck_terminating_s)
+        if stuck_in is not None and status.phase == "Suspended":
+            self.queue.add_after(key, stuck_in + 0.5)  # no event tells when a terminating pod is stuck
         final = next((c for c in status.conditions if c.type == status.phase and c.status == "True"), None)
         template_pod = build_worker_pod(job, spec, 0, defaults=self.settings.pod_defaults)
         template = {"metadata": {"labels": template_pod["metadata"]["labels"]}, "spec": template_pod["spec"]}

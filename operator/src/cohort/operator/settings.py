@@ -61,6 +61,9 @@ class Settings:
     """Timeout of each /progress and /metrics request to a worker."""
     discovery_s: float = 30.0
     """How long the answer to 'which gang scheduling API is served' is cached."""
+    stuck_terminating_s: float = 120.0
+    """A worker pod still there this long after its deletion deadline (metadata.deletionTimestamp, its grace period
+    included) no longer holds its job's Kueue quota: a pod stuck Terminating on a dead node would hold it for good."""
     log_level: str = "INFO"
     """Python logging level."""
     network_policy: bool = False
@@ -99,6 +102,7 @@ OPTIONS: tuple[tuple[str, str, str, type], ...] = (
     ("identity", "--identity", "COHORT_IDENTITY", str),
     ("http_timeout_s", "--http-timeout-seconds", "COHORT_HTTP_TIMEOUT_SECONDS", float),
     ("discovery_s", "--discovery-seconds", "COHORT_DISCOVERY_SECONDS", float),
+    ("stuck_terminating_s", "--stuck-terminating-seconds", "COHORT_STUCK_TERMINATING_SECONDS", float),
     ("log_level", "--log-level", "COHORT_LOG_LEVEL", str),
     ("network_policy", "--network-policy", "COHORT_NETWORK_POLICY", bool),
 )
