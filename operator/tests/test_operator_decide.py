@@ -297,7 +297,7 @@ def test_straggler_ignore_policy_only_reports():
 
 def test_straggler_swapped_with_a_ready_spare():
     verdict = Straggler(pod="j-worker-0", mean_s=0.4, reference_s=0.1)
-    plan = run([pod(0), pod(1), pod(2)], spec={"replicas": {"spares": 1}}, status=running(1, 0, 1, 2),
+    plan = run([pod(0), pod(1), pod(2, node="n2")], spec={"replicas": {"spares": 1}}, status=running(1, 0, 1, 2),
                w=world(1, 0, 1, spares=(2,)), straggler=verdict)
     assert plan.world.names == ["j-worker-1", "j-worker-2"]
     assert plan.delete == {"j-worker-0": "replaced as a straggler"}
@@ -373,3 +373,24 @@ def test_throughput_in_tokens_and_mfu_reach_the_status():
     assert (pr.tokens_per_second, pr.mfu) == (126400.0, 0.4123)
     plan = run([pod(0), pod(1)], status=running(1, 0, 1), w=world(1, 0, 1), progress={"step": 9, "mfu": None})
     assert plan.status.progress.mfu is None  # a worker that knows no peak reports none
+
+
+def test_a_straggler_is_swapped_for_a_spare_on_another_node_never_its_own():
+    # In make demo the straggler's own node also held the first spare, and that spare was promoted: when the
+    # node is the cause (throttling, a noisy neighbour) it is as slow. Spares: 2 on the slow node, 3 elsewhere.
+    verdict = Straggler(pod="j-worker-0", mean_s=0.4, reference_s=0.1)
+    pods = [pod(0, node="slow"), pod(1), pod(2, node="slow"), pod(3, node="fast")]
+    plan = run(pods, spec={"replicas": {"spares": 2}}, status=running(1, 0, 1, 2, 3),
+               w=world(1, 0, 1, spares=(2, 3)), straggler=verdict)
+    assert plan.world.names == ["j-worker-1", "j-worker-3"]
+    assert plan.delete == {"j-worker-0": "replaced as a straggler"}
+    events = {e.reason: e.message for e in plan.events}
+    assert "swapping in spare j-worker-3 on node fast, away from node slow" in events["StragglerDetected"]
+    assert "(node fast)" in events["SparePromoted"]
+    # Only a spare on the straggler's node: a replacement starts away from it, and the straggler stays.
+    pods = [pod(0, node="slow"), pod(1), pod(2, node="slow")]
+    plan = run(pods, spec={"replicas": {"spares": 1}}, status=running(1, 0, 1, 2),
+               w=world(1, 0, 1, spares=(2,)), straggler=verdict)
+    assert plan.world is None and plan.delete == {}
+    (req,) = plan.create
+    assert req.replaces == "j-worker-0" and req.avoid_nodes == ("slow",)

@@ -103,12 +103,13 @@ def world_size(ready: int, *, target: int, unit: int, minimum: int) -> int:
 
 
 def next_world(prev: World, ready: Sequence[Member], *, target: int, unit: int, minimum: int,
-               why: Mapping[str, str] | None = None) -> World:
+               why: Mapping[str, str] | None = None, prefer: Sequence[str] = ()) -> World:
     """The next world from the previous one and the Ready, admissible pods.
 
     ``ready`` must already exclude pods that may not be members (terminating,
     failed, or being swapped out). ``why`` explains departures ("failed",
-    "was deleted"...) for the world's ``reason``.
+    "was deleted"...) for the world's ``reason``. Newcomers join oldest
+    first, those in ``prefer`` before the others.
     """
     by_name = {m.pod: m for m in ready}
     # The fresh Member (IP, UID) from the pod, in the old rank order.
@@ -120,7 +121,7 @@ def next_world(prev: World, ready: Sequence[Member], *, target: int, unit: int, 
         members = [m for m in survivors if m.pod not in leaving]
     else:
         kept = {m.pod for m in survivors}
-        newcomers = sorted((m for m in ready if m.pod not in kept), key=lambda m: pod_index(m.pod))
+        newcomers = sorted((m for m in ready if m.pod not in kept), key=lambda m: (m.pod not in prefer, pod_index(m.pod)))
         members = survivors + newcomers[: size - len(survivors)]
     member_names = {m.pod for m in members}
     spares = tuple(sorted((m for m in ready if m.pod not in member_names), key=lambda m: pod_index(m.pod)))

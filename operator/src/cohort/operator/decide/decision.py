@@ -100,6 +100,7 @@ class Departures:
 
     why: dict[str, str] = dataclasses.field(default_factory=dict)
     lost_member: bool = False  # a member failed, was deleted or is no longer Ready
+    joining: list[str] = dataclasses.field(default_factory=list)  # spares to take their places first
 
     def lose(self, pod: str, why: str) -> None:
         self.why[pod], self.lost_member = why, True

@@ -19,12 +19,13 @@ def publish(observed: Inputs, decision: Decision, world: World, ours: list[PodVi
     minimum = gang_minimum(observed, decision, world, ready_count=len(ready))
     new_world = next_world(world, ready, target=observed.target,
                            unit=spec.parallelism.tensor * spec.parallelism.pipeline, minimum=minimum,
-                           why=departures.why)
+                           why=departures.why, prefer=departures.joining)
     if new_world.version != world.version:
         promoted = [m.pod for m in new_world.members if m.pod in {s.pod for s in world.spares}
                     and (departures.lost_member or exclude)]
         for pod in promoted:
-            decision.event("SparePromoted", f"Spare {pod} joined the world at once")
+            node = by_name[pod].node if pod in by_name else ""
+            decision.event("SparePromoted", f"Spare {pod} joined the world at once" + (f" (node {node})" if node else ""))
         decision.event("WorldPublished", f"World v{new_world.version}: {new_world.size} members "
                        f"[{', '.join(new_world.names)}]; {new_world.reason}")
     if new_world != world:

@@ -1,9 +1,11 @@
-"""Straggler swaps: a replacement for a slow member is started away from its node, and swapped in once Ready.
+"""Straggler swaps: a slow member is replaced from another node, and leaves once its replacement is Ready.
 
 The prober's verdict (operator/stragglers.py) is acted on only in a full,
 quiet world: no member just lost, the job not completing, no swap under way.
-A Ready spare is swapped in at once; otherwise a replacement pod is created,
-and the straggler leaves the world when its replacement is Ready.
+A Ready spare on another node is swapped in at once; otherwise (no spare, or
+only spares on the straggler's node, which a throttled node or a noisy
+neighbour would slow as much) a replacement pod is created away from that
+node, and the straggler leaves the world when its replacement is Ready.
 """
 
 from __future__ import annotations
@@ -43,11 +45,15 @@ def advance_swaps(observed: Inputs, decision: Decision, world: World, by_name: d
     if policy == "ignore":
         decision.event("StragglerDetected", f"{verdict.describe()} (stragglers.policy=ignore: no action)", warning=True)
         return exclude, pending
-    spares = [m.pod for m in world.spares if m.pod in by_name and by_name[m.pod].admissible]
+    spares = [m.pod for m in world.spares if m.pod in by_name and by_name[m.pod].admissible
+              and not (s.node and by_name[m.pod].node == s.node)]
     if spares:
         exclude.add(s.name)
         departures.why[s.name] = "was replaced as a straggler"
-        decision.event("StragglerDetected", f"{verdict.describe()}; swapping in spare {spares[0]}", warning=True)
+        departures.joining.append(spares[0])
+        where = f" on node {by_name[spares[0]].node}" if by_name[spares[0]].node else ""
+        decision.event("StragglerDetected", f"{verdict.describe()}; swapping in spare {spares[0]}{where}, away "
+                       f"from node {s.node or '(unknown)'}", warning=True)
         return exclude, pending
     index = decision.status.pod_index
     decision.status.pod_index += 1
