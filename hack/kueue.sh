@@ -6,6 +6,7 @@
 # cluster CA, so the API server reaches them), and its own RBAC role.
 #
 #   hack/kueue.sh up       start (or reuse) it
+#   hack/kueue.sh restart  stop it and start it again (a new configuration)
 #   hack/kueue.sh down     stop it (by PID)
 #   hack/kueue.sh status   exit 0 if it is ready
 #
@@ -18,8 +19,13 @@
 # so `hack/cluster.sh down` stops it too. State (config, certificates,
 # kubeconfig): $COHORT_CLUSTER_DIR/kueue. Its log: $COHORT_CLUSTER_DIR/logs/kueue.log.
 #
+# waitForPodsReady is on, as a platform team running synchronous training would
+# set it: an admitted Workload that is not PodsReady within
+# COHORT_KUEUE_PODS_READY_TIMEOUT (5m) of its admission, or of losing its
+# readiness, is evicted and requeued (the operator sets PodsReady, docs/kueue.md).
+#
 # Environment: COHORT_KUEUE_WEBHOOK_PORT (19443), COHORT_KUEUE_HEALTH_PORT (19081),
-# COHORT_KUEUE_METRICS_PORT (19444).
+# COHORT_KUEUE_METRICS_PORT (19444), COHORT_KUEUE_PODS_READY_TIMEOUT (5m).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 CLUSTER_DIR=${COHORT_CLUSTER_DIR:-$COHORT_CACHE/cluster}
@@ -30,6 +36,7 @@ PKI="$CLUSTER_DIR/pki"
 WEBHOOK_PORT=${COHORT_KUEUE_WEBHOOK_PORT:-19443}
 HEALTH_PORT=${COHORT_KUEUE_HEALTH_PORT:-19081}
 METRICS_PORT=${COHORT_KUEUE_METRICS_PORT:-19444}
+PODS_READY_TIMEOUT=${COHORT_KUEUE_PODS_READY_TIMEOUT:-5m}
 KUEUE_DIR="$BIN_CACHE/kueue-$KUEUE_VERSION"
 KUBECTL=("$BIN_CACHE/kubernetes-$K8S_VERSION/kubectl" --kubeconfig "$CLUSTER_DIR/kubeconfig")
 
@@ -91,6 +98,13 @@ leaderElection:
 internalCertManagement:
   enable: false
 manageJobsWithoutQueueName: false
+waitForPodsReady:
+  timeout: $PODS_READY_TIMEOUT
+  blockAdmission: false
+  requeuingStrategy:
+    timestamp: Eviction
+    backoffBaseSeconds: 1
+    backoffMaxSeconds: 10
 integrations:
   frameworks: [batch/job]
 # Kueue's on-demand visibility API is an aggregated API server with its own
@@ -147,8 +161,9 @@ exec_in_namespace() {  # cmd...: in the private mount namespace, give /etc/kueue
 
 case ${1:-} in
   up) up ;;
+  restart) down 2>/dev/null || true; up ;;
   exec-in-namespace) shift; exec_in_namespace "$@" ;;
   down) down ;;
   status) healthy && echo "healthy" || { echo "not running"; exit 1; } ;;
-  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+  *) echo "usage: $0 up|restart|down|status" >&2; exit 2 ;;
 esac

@@ -16,6 +16,7 @@ from cohort.operator.kueue import (
     Create,
     Delete,
     Finish,
+    MarkPodsReady,
     Requeue,
     Shrink,
     admission_of,
@@ -24,6 +25,8 @@ from cohort.operator.kueue import (
     parse_slice,
     placement,
     plan,
+    pods_ready,
+    pods_ready_patch,
     requeue_patch,
 )
 from cohort.operator.lifecycle import fmt_time, get_condition
@@ -51,7 +54,8 @@ def workload(name, workers, *, min_count=None, spares=None, admitted=None, evict
         status["admission"] = {"clusterQueue": "cq", "podSetAssignments": [
             {"name": "workers", "count": admitted, "flavors": {"cpu": "pool-a"}}]}
         conditions += [{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
-                       {"type": "Admitted", "status": "True", "reason": "Admitted"}]
+                       {"type": "Admitted", "status": "True", "reason": "Admitted"},
+                       {"type": "PodsReady", "status": "True", "reason": "Started"}]
     if pending:
         conditions.append({"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": pending})
     if evicted:
@@ -114,14 +118,14 @@ def test_admission_reads_the_admitted_count_kueues_reason_and_the_flavor_placeme
 
 def test_plan_creates_one_workload_and_replaces_it_when_the_spec_changes_before_admission():
     body, spec = job()
-    [create] = plan(body, spec, [], TEMPLATE, phase="Pending", finish_reason="", finish_message="", active_pods=0)
+    [create] = plan(body, spec, [], TEMPLATE, phase="Pending", finish_reason="", finish_message="", active_pods=0, training=False)
     assert isinstance(create, Create) and create.manifest["metadata"]["name"] == "j-q1"
     fresh = parse_slice(workload("j-q1", 4, min_count=2, pending="x", asks=want(body, spec)))
     assert plan(body, spec, [fresh], TEMPLATE, phase="Suspended", finish_reason="", finish_message="",
-                active_pods=0) == []
+                active_pods=0, training=False) == []
     body2, spec2 = job(replicas={"min": 2, "max": 6, "target": 5})
     assert plan(body2, spec2, [fresh], TEMPLATE, phase="Suspended", finish_reason="", finish_message="",
-                active_pods=0) == [Delete("j-q1", "the spec changed")]
+                active_pods=0, training=False) == [Delete("j-q1", "the spec changed")]
 
 
 def test_plan_follows_the_quota_shrinks_in_place_and_grows_through_a_replacing_slice():
@@ -129,7 +133,7 @@ def test_plan_follows_the_quota_shrinks_in_place_and_grows_through_a_replacing_s
     asks = want(body, spec)
     admitted3 = parse_slice(workload("j-q1", 4, min_count=2, admitted=3, asks=asks))
     [grow] = plan(body, spec, [admitted3], TEMPLATE, phase="Running", finish_reason="", finish_message="",
-                  active_pods=3)
+                  active_pods=3, training=True)
     assert isinstance(grow, Create)
     m = grow.manifest
     assert m["metadata"]["name"] == "j-q2" and m["spec"]["podSets"][0]["count"] == 4
@@ -137,18 +141,18 @@ def test_plan_follows_the_quota_shrinks_in_place_and_grows_through_a_replacing_s
     assert m["metadata"]["annotations"]["kueue.x-k8s.io/workload-slice-replacement-for"] == "ns/j-q1"
     pending_grow = parse_slice(workload("j-q2", 4, replaces="j-q1", pending="no quota", asks=asks))
     assert plan(body, spec, [admitted3, pending_grow], TEMPLATE, phase="Running", finish_reason="",
-                finish_message="", active_pods=3) == []
+                finish_message="", active_pods=3, training=True) == []
     # kubectl scale to 2: the admitted Workload shrinks in place and the growing slice goes.
     body2, spec2 = job(replicas={"min": 2, "max": 6, "target": 2})
     actions = plan(body2, spec2, [admitted3, pending_grow], TEMPLATE, phase="Running", finish_reason="",
-                   finish_message="", active_pods=3)
+                   finish_message="", active_pods=3, training=True)
     assert actions == [Delete("j-q2", "the spec changed"), Shrink("j-q1", 2, None)]
 
 
 def test_plan_requeues_an_evicted_workload_only_once_its_pods_are_gone():
     body, spec = job()
     evicted = parse_slice(workload("j-q1", 4, admitted=4, evicted="Preempted", asks=want(body, spec)))
-    kw = {"phase": "Suspended", "finish_reason": "", "finish_message": ""}
+    kw = {"phase": "Suspended", "finish_reason": "", "finish_message": "", "training": False}
     assert plan(body, spec, [evicted], TEMPLATE, active_pods=2, **kw) == []
     assert plan(body, spec, [evicted], TEMPLATE, active_pods=0, **kw) == [
         Requeue("j-q1", "Preempted", "preempted by x")]
@@ -158,14 +162,14 @@ def test_plan_finishes_admitted_workloads_of_a_finished_job_and_drops_the_rest()
     body, spec = job()
     slices = [parse_slice(workload("j-q1", 4, admitted=4)), parse_slice(workload("j-q2", 5, replaces="j-q1"))]
     assert plan(body, spec, slices, TEMPLATE, phase="Succeeded", finish_reason="Rank0Succeeded",
-                finish_message="rank 0 exited 0", active_pods=0) == [
+                finish_message="rank 0 exited 0", active_pods=0, training=False) == [
         Finish("j-q1", "Rank0Succeeded", "rank 0 exited 0"), Delete("j-q2", "the job Succeeded")]
     # A suspended job holds no quota once its pods are gone.
     body, spec = job(runPolicy={"suspend": True})
     assert plan(body, spec, slices[:1], TEMPLATE, phase="Suspended", finish_reason="", finish_message="",
-                active_pods=1) == []
+                active_pods=1, training=False) == []
     assert plan(body, spec, slices[:1], TEMPLATE, phase="Suspended", finish_reason="", finish_message="",
-                active_pods=0) == [Delete("j-q1", "runPolicy.suspend")]
+                active_pods=0, training=False) == [Delete("j-q1", "runPolicy.suspend")]
 
 
 def test_requeue_patch_gives_the_quota_back_as_kueues_integrations_do():
@@ -177,6 +181,7 @@ def test_requeue_patch_gives_the_quota_back_as_kueues_integrations_do():
     assert conds["QuotaReserved"]["status"] == "False" and conds["QuotaReserved"]["reason"] == "Pending"
     assert conds["Admitted"]["status"] == "False"
     assert conds["Requeued"]["status"] == "True" and conds["Requeued"]["reason"] == "Preempted"
+    assert (conds["PodsReady"]["status"], conds["PodsReady"]["reason"]) == ("False", "WaitForStart")
     assert conds["Evicted"]["status"] == "True"  # Kueue's own record of the eviction stays
     assert placement([]) == {}
 
@@ -234,7 +239,7 @@ def test_plan_finishes_an_older_admitted_slice_that_kueue_left_admitted():
     old = parse_slice(workload("j-q1", 4, admitted=3, asks=asks))
     new = parse_slice(workload("j-q2", 4, admitted=4, replaces="j-q1", asks=asks))
     assert plan(body, spec, [old, new], TEMPLATE, phase="Running", finish_reason="", finish_message="",
-                active_pods=4) == [Finish("j-q1", "WorkloadSliceReplaced", "replaced by Workload j-q2")]
+                active_pods=4, training=True) == [Finish("j-q1", "WorkloadSliceReplaced", "replaced by Workload j-q2")]
 
 
 def test_plan_releases_the_workloads_of_a_job_taken_out_of_its_queue():
@@ -242,7 +247,7 @@ def test_plan_releases_the_workloads_of_a_job_taken_out_of_its_queue():
     del body["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
     slices = [parse_slice(workload("j-q1", 4, admitted=4))]
     assert plan(body, spec, slices, TEMPLATE, phase="Running", finish_reason="", finish_message="",
-                active_pods=4) == [Delete("j-q1", "the job left its queue")]
+                active_pods=4, training=False) == [Delete("j-q1", "the job left its queue")]
 
 
 def test_a_pending_workload_keeps_its_place_when_only_the_operators_defaults_change():
@@ -254,13 +259,13 @@ def test_a_pending_workload_keeps_its_place_when_only_the_operators_defaults_cha
     upgraded["metadata"] = {"labels": {"cohort.dev/operator-version": "2"}}
     upgraded["spec"]["containers"][0] |= {"image": "cohort-trainer:0.2.0", "env": [{"name": "X", "value": "1"}]}
     assert plan(body, spec, [pending], upgraded, phase="Suspended", finish_reason="", finish_message="",
-                active_pods=0) == []
+                active_pods=0, training=False) == []
     # what Kueue counts or places by does replace it
     for change in ({"containers": [{"name": "trainer", "resources": {"requests": {"cpu": "2"}}}]},
                    {"nodeSelector": {"pool": "b"}}, {"tolerations": [{"key": "gpu", "operator": "Exists"}]}):
         moved = {"spec": {**copy.deepcopy(TEMPLATE["spec"]), **change}}
         assert plan(body, spec, [pending], moved, phase="Suspended", finish_reason="", finish_message="",
-                    active_pods=0) == [Delete("j-q1", "the spec changed")], change
+                    active_pods=0, training=False) == [Delete("j-q1", "the spec changed")], change
 
 
 def test_a_pod_stuck_terminating_stops_holding_the_quota_after_the_grace():
@@ -273,3 +278,27 @@ def test_a_pod_stuck_terminating_stops_holding_the_quota_after_the_grace():
     assert holding_quota(pods, NOW, 60) == (3, 30.0)   # worker-0 stuck for 30 more s, the first to let go
     assert holding_quota(pods, NOW, 20) == (2, 30.0)   # worker-0 let go; worker-1 in 10 + 20 s
     assert holding_quota(pods[2:], NOW, 20) == (1, None)
+
+
+def test_podsready_follows_kueues_states_from_the_world():
+    # Kueue's waitForPodsReady evicts an admitted Workload not PodsReady within its timeout (WaitForStart from
+    # the admission, WaitForRecovery from the loss); the job is ready while it trains with >= replicas.min.
+    assert pods_ready(("", ""), False) == (False, "WaitForStart")
+    assert pods_ready(("False", "WaitForStart"), False) is None
+    assert pods_ready(("False", "WaitForStart"), True) == (True, "Started")
+    assert pods_ready(("True", "Started"), True) is None
+    assert pods_ready(("True", "Started"), False) == (False, "WaitForRecovery")
+    assert pods_ready(("False", "WaitForRecovery"), False) is None
+    assert pods_ready(("False", "WaitForRecovery"), True) == (True, "Recovered")
+    assert pods_ready(("True", "Recovered"), False) == (False, "WaitForRecovery")
+    body, spec = job()
+    admitted = workload("j-q1", 4, admitted=4, asks=want(body, spec))
+    admitted["status"]["conditions"] = [c for c in admitted["status"]["conditions"] if c["type"] != "PodsReady"]
+    kw = {"phase": "Running", "finish_reason": "", "finish_message": "", "active_pods": 4}
+    assert plan(body, spec, [parse_slice(admitted)], TEMPLATE, training=True, **kw) == [
+        MarkPodsReady("j-q1", True, "Started")]
+    admitted["metadata"]["resourceVersion"] = "41"
+    ops = pods_ready_patch(admitted, True, "Started", "2026-01-01T12:00:00Z")
+    assert ops[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "41"}
+    assert [c["type"] for c in ops[1]["value"]] == ["QuotaReserved", "Admitted", "PodsReady"]
+    assert ops[1]["value"][-1]["status"] == "True"

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from tests.support.kube import condition, wait_for
-from tests.support.kueue import kueue, queue, queued  # noqa: F401  (fixtures)
+from tests.support.kueue import kueue, pods_ready_timeout, queue, queued  # noqa: F401  (fixtures)
 from tests.support.operator import (
     KWOK_TOLERATION,
     event_reasons,
@@ -176,6 +176,26 @@ def test_higher_priority_job_evicts_and_the_evicted_job_queues_again(cluster, na
     metrics = operator.metrics()
     assert "cohort_operator_queue_admissions_total 3.0" in metrics  # low, high, low again
     assert f'cohort_operator_queue_workers{{job_namespace="{namespace}",kind="admitted",trainingjob="low"}} 2.0' in metrics
+
+
+def test_waitforpodsready_keeps_a_training_job_and_evicts_one_whose_pods_never_start(
+        cluster, namespace, queue, operator, pods_ready_timeout):  # noqa: F811
+    queue.create(cpu="4")
+    cluster.create_job(namespace, queued_job("ready"))
+    wait_running_with(cluster, namespace, "ready", 2)
+    wait_for(lambda: (condition(queue.workloads("ready")[0], "PodsReady") or {}).get("reason") == "Started", 10,
+             what="the operator's PodsReady=True (Started) on ready's Workload")
+    # Its pods are never scheduled (no scheduler serves them): never ready, evicted at Kueue's timeout.
+    cluster.create_job(namespace, queued_job("stuck", manual=True))
+    job = wait_for(lambda: (j := cluster.get_job(namespace, "stuck")) and
+                   (condition(j, "Suspended") or {}).get("reason") == "PodsReadyTimeout" and j,
+                   pods_ready_timeout + 30, what="stuck evicted by Kueue's waitForPodsReady")
+    assert job["status"]["phase"] == "Suspended"
+    wait_for(lambda: pod_names(cluster, namespace, "stuck") == [], 20, what="stuck's pods deleted")
+    # The training job, admitted longer ago than the timeout, was left alone.
+    [wl] = queue.workloads("ready")
+    assert condition(wl, "Admitted")["status"] == "True" and condition(wl, "Evicted") is None, wl["status"]
+    assert status(cluster, namespace, "ready")["phase"] == "Running"
 
 
 def test_a_job_managed_by_another_controller_is_left_alone(cluster, namespace, operator):

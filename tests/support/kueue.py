@@ -42,6 +42,21 @@ def kueue(cluster: Cluster) -> Cluster:
         subprocess.run([str(SCRIPT), "down"], check=False)
 
 
+def restart_kueue(**env: str) -> None:
+    """hack/kueue.sh restart with ``env`` (e.g. COHORT_KUEUE_PODS_READY_TIMEOUT): another configuration."""
+    proc = subprocess.run([str(SCRIPT), "restart"], capture_output=True, text=True, env={**os.environ, **env})
+    if proc.returncode != 0:
+        pytest.fail(f"could not restart Kueue (hack/kueue.sh restart):\n{proc.stderr[-4000:]}", pytrace=False)
+
+
+@pytest.fixture
+def pods_ready_timeout(kueue: Cluster):
+    """Kueue with waitForPodsReady's timeout at 8 s for one test, then as hack/kueue.sh starts it."""
+    restart_kueue(COHORT_KUEUE_PODS_READY_TIMEOUT="8s")
+    yield 8.0
+    restart_kueue()
+
+
 class Queue:
     """A LocalQueue (``name``) in a test namespace over its own ClusterQueue (cpu quota as given,
     memory without limit) and ResourceFlavor."""

@@ -101,6 +101,7 @@ class Slice:
     reason: str  # why it is evicted, or why it waits (Kueue's words)
     message: str
     replaces: str
+    pods_ready: tuple[str, str] = ("", "")  # the PodsReady condition's (status, reason)
 
     @property
     def replacing(self) -> bool:
@@ -136,7 +137,9 @@ def parse_slice(wl: Mapping[str, Any]) -> Slice:
                  replaced=_true(wl, "Finished") and _condition(wl, "Finished").get("reason") == "WorkloadSliceReplaced",
                  evicted=evicted.get("status") == "True",
                  reason=str(cond.get("reason") or ""), message=str(cond.get("message") or ""),
-                 replaces=str((meta.get("annotations") or {}).get(REPLACES_ANNOTATION) or ""))
+                 replaces=str((meta.get("annotations") or {}).get(REPLACES_ANNOTATION) or ""),
+                 pods_ready=(str(_condition(wl, "PodsReady").get("status") or ""),
+                             str(_condition(wl, "PodsReady").get("reason") or "")))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,6 +204,36 @@ def admission_of(queue: str, slices: list[Slice], flavors: Mapping[str, Mapping[
         return Admission(queue, reason=s.reason or "Queued",
                          message=s.message or f"waiting for Kueue to admit Workload {s.name} in queue {queue}")
     return Admission(queue, reason="Queued", message=f"creating a Workload in queue {queue}")
+
+
+def pods_ready(current: tuple[str, str], training: bool) -> tuple[bool, str] | None:
+    """The admitted Workload's next PodsReady (ready, reason), or None when it stands. Kueue's job
+    integrations set it (jobframework), and with waitForPodsReady Kueue evicts a Workload that is not
+    ready within its timeout of the admission, or of a ready job turning not ready (recovery).
+
+    Ready here is training: a world of at least replicas.min members. An elastic job that lost a worker
+    and re-formed in place with at least min is still ready; below min it waits for recovery."""
+    status, reason = current
+    if training:
+        want = (True, "Recovered" if reason in ("WaitForRecovery", "Recovered") else "Started")
+    elif status == "True" or reason == "WaitForRecovery":
+        want = (False, "WaitForRecovery")
+    else:
+        want = (False, "WaitForStart")
+    return None if (("True" if want[0] else "False"), want[1]) == current else want
+
+
+def pods_ready_patch(wl: Mapping[str, Any], ready: bool, reason: str, now: str) -> list[dict[str, Any]]:
+    """A JSON patch of the Workload's status that sets PodsReady, guarded by the resourceVersion it read."""
+    message = ("The job trains with at least replicas.min workers" if ready else
+               "Waiting for a world of at least replicas.min workers" if reason == "WaitForStart" else
+               "The job lost workers and waits for a world of at least replicas.min again")
+    new = {"type": "PodsReady", "status": "True" if ready else "False", "reason": reason, "message": message,
+           "lastTransitionTime": now, "observedGeneration": int((wl.get("metadata") or {}).get("generation") or 0)}
+    conditions = [c for c in (wl.get("status") or {}).get("conditions") or [] if c.get("type") != "PodsReady"]
+    return [{"op": "test", "path": "/metadata/resourceVersion", "value": (wl.get("metadata") or {}).get("resourceVersion")},
+            {"op": "replace" if (wl.get("status") or {}).get("conditions") is not None else "add",
+             "path": "/status/conditions", "value": [*conditions, new]}]
 
 
 def holding_quota(pods: Iterable[PodView], now: dt.datetime, stuck_after_s: float) -> tuple[int, float | None]:
@@ -284,6 +317,15 @@ class Create:
 
 
 @dataclasses.dataclass(frozen=True)
+class MarkPodsReady:
+    """Set the admitted Workload's PodsReady condition, which Kueue's waitForPodsReady times."""
+
+    name: str
+    ready: bool
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Delete:
     name: str
     why: str
@@ -312,7 +354,7 @@ class Finish:
     message: str
 
 
-Action = Create | Delete | Shrink | Requeue | Finish
+Action = Create | Delete | Shrink | Requeue | Finish | MarkPodsReady
 
 
 def finish(slices: list[Slice], phase: str, reason: str, message: str) -> list[Action]:
@@ -323,8 +365,9 @@ def finish(slices: list[Slice], phase: str, reason: str, message: str) -> list[A
 
 
 def plan(job: dict[str, Any], spec: TrainingJobSpec, slices: list[Slice], template: Mapping[str, Any], *,
-         phase: str, finish_reason: str, finish_message: str, active_pods: int) -> list[Action]:
-    """The writes that keep the job's Workloads in step with the job (after its reconcile decided)."""
+         phase: str, finish_reason: str, finish_message: str, active_pods: int, training: bool) -> list[Action]:
+    """The writes that keep the job's Workloads in step with the job (after its reconcile decided);
+    ``training``: the job has a world of at least replicas.min members (PodsReady)."""
     alive = live(slices)
     if phase in ("Succeeded", "Failed"):
         return finish(slices, phase, finish_reason, finish_message)
@@ -359,6 +402,9 @@ def plan(job: dict[str, Any], spec: TrainingJobSpec, slices: list[Slice], templa
     # off), the older admitted slice would keep its quota: finish it as Kueue would have.
     actions: list[Action] = [Finish(s.name, "WorkloadSliceReplaced", f"replaced by Workload {now.name}")
                              for s in alive if s.admitted and s is not now]
+    ready = pods_ready(now.pods_ready, training)
+    if ready is not None:
+        actions.append(MarkPodsReady(now.name, *ready))
     growing = [s for s in pending if s.replacing]
     for s in pending:
         if s.asks != want or not s.replacing or target <= now.admitted_workers:
@@ -376,8 +422,8 @@ def plan(job: dict[str, Any], spec: TrainingJobSpec, slices: list[Slice], templa
 def requeue_patch(wl: Mapping[str, Any], now: str) -> list[dict[str, Any]]:
     """A JSON patch of an evicted Workload's status that gives its quota back, as Kueue's job
     integrations do after stopping their job (jobframework: UnsetQuotaReservationWithCondition):
-    no admission, QuotaReserved and Admitted False, and Requeued True after a preemption (other
-    evictions requeue after Kueue's backoff). Guarded by the resourceVersion it was computed from."""
+    no admission, QuotaReserved, Admitted and PodsReady False, and Requeued True after a preemption
+    (other evictions requeue after Kueue's backoff). Guarded by the resourceVersion it was computed from."""
     evicted = _condition(wl, "Evicted")
     reason, message = str(evicted.get("reason") or "Evicted"), str(evicted.get("message") or "")
     generation = int((wl.get("metadata") or {}).get("generation") or 0)
@@ -387,7 +433,8 @@ def requeue_patch(wl: Mapping[str, Any], now: str) -> list[dict[str, Any]]:
                 "lastTransitionTime": now, "observedGeneration": generation}
     put = {"QuotaReserved": cond("QuotaReserved", False, "Pending", message),
            "Admitted": cond("Admitted", False, "NoReservation", "The workload has no reservation"),
-           "Requeued": cond("Requeued", reason in ("Preempted", "NodeFailures"), reason, message)}
+           "Requeued": cond("Requeued", reason in ("Preempted", "NodeFailures"), reason, message),
+           "PodsReady": cond("PodsReady", False, "WaitForStart", "Not all pods are ready or succeeded")}
     conditions = []
     for c in (wl.get("status") or {}).get("conditions") or []:
         new = put.pop(c.get("type"), None)

@@ -19,6 +19,7 @@ from .kueue import (
     Create,
     Delete,
     Finish,
+    MarkPodsReady,
     Requeue,
     Shrink,
     Slice,
@@ -26,6 +27,7 @@ from .kueue import (
     current,
     label_selector,
     parse_slice,
+    pods_ready_patch,
     queue_name,
     requeue_patch,
 )
@@ -124,6 +126,17 @@ class Queues:
                 self.metrics.evictions.labels(reason=a.reason or "Evicted").inc()
                 self.recorder.emit(job, "Normal", "Requeued", f"Kueue Workload {a.name} gave its quota back "
                                    f"after its eviction ({a.reason}) and waits in the queue again")
+            elif isinstance(a, MarkPodsReady):
+                wl = await self.kube.get(WORKLOAD.path(ns, a.name))
+                if wl is None:
+                    continue
+                now = fmt_time(dt.datetime.now(dt.timezone.utc))
+                try:
+                    await self.kube.patch(WORKLOAD.path(ns, a.name) + "/status",
+                                          pods_ready_patch(wl, a.ready, a.reason, now), content_type=JSON_PATCH)
+                except ApiError as e:
+                    if e.status not in (404, 409, 422):  # gone, or changed since read: the next reconcile retries
+                        raise
             elif isinstance(a, Finish):
                 cond = {"type": "Finished", "status": "True", "reason": a.reason, "message": a.message[:1000],
                         "lastTransitionTime": fmt_time(dt.datetime.now(dt.timezone.utc))}

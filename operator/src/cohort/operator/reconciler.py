@@ -244,7 +244,8 @@ class Reconciler:
         template = {"metadata": {"labels": template_pod["metadata"]["labels"]}, "spec": template_pod["spec"]}
         actions = plan_workloads(job, spec, slices, template, phase=status.phase,
                                  finish_reason=final.reason if final else "", finish_message=final.message if final else "",
-                                 active_pods=holding)
+                                 active_pods=holding,
+                                 training=status.world.size >= max(spec.replicas.min, 1))
         if actions:
             await self.queues.apply(job, actions)
             self.queue.add_after(key, 1.0)  # see what Kueue made of it, even without the Workload watch
