@@ -9,6 +9,7 @@ No operator runs here: the job's phase is set through the status subresource, as
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import uuid
 from typing import Any
@@ -34,7 +35,7 @@ def policy(cluster: Cluster, namespace: str):
     objs = find(docs, "ValidatingAdmissionPolicy") + find(docs, "ValidatingAdmissionPolicyBinding")
     assert len(objs) == 2
     manifest = yaml.safe_dump_all(objs)
-    env = {"KUBECONFIG": cluster.kubeconfig}
+    env = {**os.environ, "KUBECONFIG": cluster.kubeconfig}  # with HOME: kubectl's cache goes there, not here
     subprocess.run([kubectl_bin(), "apply", "-f", "-"], input=manifest, text=True, check=True, capture_output=True,
                    env=env)
     yield
