@@ -129,6 +129,11 @@ class Executor:
                                        self.settings.api_concurrency)
         created = []
         for pod, r in zip(pods, results, strict=True):
+            if isinstance(r, ApiError) and r.status in (400, 403, 422):
+                # Refused by an admission (the namespace's Pod Security level, a policy, a quota): the
+                # reconcile retries, and the user is told why, as a ReplicaSet's FailedCreate does.
+                self.recorder.emit(job, "Warning", "FailedCreate",
+                                   f"Error creating worker pod {pod['metadata']['name']}: {r.message}")
             if isinstance(r, BaseException):
                 raise r
             mem.expected[pod["metadata"]["name"]] = (time.monotonic(), {**pod, "status": {"phase": "Pending"}})
