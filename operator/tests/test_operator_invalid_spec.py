@@ -113,4 +113,4 @@ def test_its_workloads_finish_without_the_spec():
     assert actions == [Finish("j-q1", "InvalidSpec", message), Delete("j-q2", "the job Failed")]
     valid = parse(TrainingJobSpec, {**STALE_SPEC, "workload": {"model": "mlp", "dataset": "digits"}})
     assert plan(job(), valid, slices, {}, phase="Failed", finish_reason="InvalidSpec", finish_message=message,
-                active_pods=2) == actions
+                active_pods=2, training=False) == actions

@@ -43,6 +43,9 @@ def test_resume_after_every_worker_is_killed_is_bitwise_exact(tmp_path):
     m = manifest("exact", workload={"epochs": 0, "maxSteps": 60}, checkpoint={"everySteps": 20})
     reference = run_local(tmp_path / "a", m, workers=2, ckpt=tmp_path / "a-ck")
     assert reference["step"] == 60
+    # The summary names the final checkpoint (the operator's status takes it from there at the end).
+    assert reference["lastCheckpoint"]["step"] == 60, reference.get("lastCheckpoint")
+    assert (tmp_path / "a-ck/exact/step-00000060/COMMITTED").is_file()
 
     ck = tmp_path / "b-ck"
     (tmp_path / "b").mkdir()

@@ -531,6 +531,10 @@ class Trainer:
                    "mfu": self._mfu(), "device": str(self.device), "peakMemoryBytes": peak_memory_bytes(self.device),
                    "precision": self.spec.workload.precision, "compiled": self.spec.workload.compile,
                    "worldVersion": self.world.version if self.world else 0, "checkpoints": self.ckpt.committed,
+                   # the newest durable checkpoint, so the job's status names it at the end (a /progress read
+                   # before the last saves would name one the keep limit has pruned since)
+                   "lastCheckpoint": {"step": last.step, "location": last.location, "time": last.time,
+                                      "bytes": last.bytes} if (last := self.ckpt.last) else None,
                    "seconds": round(time.monotonic() - self.t_start, 3), "rank": self.rank,
                    "stepSecondsMedian": self.clock.step_median(), "loopSecondsMean": self.clock.loop_mean(),
                    "plan": self.plan.describe() if self.plan else "", "ledger": self.ledger.snapshot()}
