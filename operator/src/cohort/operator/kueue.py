@@ -127,6 +127,7 @@ def parse_slice(wl: Mapping[str, Any]) -> Slice:
     admitted = bool(admission) and _true(wl, "Admitted")
     evicted = _condition(wl, "Evicted")
     waiting = _condition(wl, "QuotaReserved")
+    ready = _condition(wl, "PodsReady")
     cond = evicted if evicted.get("status") == "True" else waiting if waiting.get("status") == "False" else {}
     return Slice(name=name, ordinal=int(tail) if tail.isdigit() else 0,
                  asks=str((meta.get("annotations") or {}).get(ASK_ANNOTATION) or ""),
@@ -138,8 +139,7 @@ def parse_slice(wl: Mapping[str, Any]) -> Slice:
                  evicted=evicted.get("status") == "True",
                  reason=str(cond.get("reason") or ""), message=str(cond.get("message") or ""),
                  replaces=str((meta.get("annotations") or {}).get(REPLACES_ANNOTATION) or ""),
-                 pods_ready=(str(_condition(wl, "PodsReady").get("status") or ""),
-                             str(_condition(wl, "PodsReady").get("reason") or "")))
+                 pods_ready=(str(ready.get("status") or ""), str(ready.get("reason") or "")))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,12 +228,27 @@ def pods_ready_patch(wl: Mapping[str, Any], ready: bool, reason: str, now: str) 
     message = ("The job trains with at least replicas.min workers" if ready else
                "Waiting for a world of at least replicas.min workers" if reason == "WaitForStart" else
                "The job lost workers and waits for a world of at least replicas.min again")
-    new = {"type": "PodsReady", "status": "True" if ready else "False", "reason": reason, "message": message,
-           "lastTransitionTime": now, "observedGeneration": int((wl.get("metadata") or {}).get("generation") or 0)}
-    conditions = [c for c in (wl.get("status") or {}).get("conditions") or [] if c.get("type") != "PodsReady"]
+    return _conditions_patch(wl, [("PodsReady", ready, reason, message)], now)
+
+
+def _conditions_patch(wl: Mapping[str, Any], put: Iterable[tuple[str, bool, str, str]], now: str) -> list[dict[str, Any]]:
+    """A JSON patch of the Workload's status conditions: each (type, status, reason, message) of ``put`` in
+    place of that type's (keeping its lastTransitionTime when status and reason stand), guarded by the
+    resourceVersion the Workload was read at."""
+    generation = int((wl.get("metadata") or {}).get("generation") or 0)
+    new = {type_: {"type": type_, "status": "True" if status else "False", "reason": reason,
+                   "message": message[:32000], "lastTransitionTime": now, "observedGeneration": generation}
+           for type_, status, reason, message in put}
+    existing = (wl.get("status") or {}).get("conditions")
+    conditions = []
+    for c in existing or []:
+        mine = new.pop(c.get("type"), None)
+        if mine is not None and c.get("status") == mine["status"] and c.get("reason") == mine["reason"]:
+            mine = {**mine, "lastTransitionTime": c.get("lastTransitionTime", now)}
+        conditions.append(mine or c)
+    conditions += new.values()
     return [{"op": "test", "path": "/metadata/resourceVersion", "value": (wl.get("metadata") or {}).get("resourceVersion")},
-            {"op": "replace" if (wl.get("status") or {}).get("conditions") is not None else "add",
-             "path": "/status/conditions", "value": [*conditions, new]}]
+            {"op": "add" if existing is None else "replace", "path": "/status/conditions", "value": conditions}]
 
 
 def holding_quota(pods: Iterable[PodView], now: dt.datetime, stuck_after_s: float) -> tuple[int, float | None]:
@@ -426,28 +441,14 @@ def requeue_patch(wl: Mapping[str, Any], now: str) -> list[dict[str, Any]]:
     (other evictions requeue after Kueue's backoff). Guarded by the resourceVersion it was computed from."""
     evicted = _condition(wl, "Evicted")
     reason, message = str(evicted.get("reason") or "Evicted"), str(evicted.get("message") or "")
-    generation = int((wl.get("metadata") or {}).get("generation") or 0)
-
-    def cond(type_: str, status: bool, why: str, text: str) -> dict[str, Any]:
-        return {"type": type_, "status": "True" if status else "False", "reason": why, "message": text[:32000],
-                "lastTransitionTime": now, "observedGeneration": generation}
-    put = {"QuotaReserved": cond("QuotaReserved", False, "Pending", message),
-           "Admitted": cond("Admitted", False, "NoReservation", "The workload has no reservation"),
-           "Requeued": cond("Requeued", reason in ("Preempted", "NodeFailures"), reason, message),
-           "PodsReady": cond("PodsReady", False, "WaitForStart", "Not all pods are ready or succeeded")}
-    conditions = []
-    for c in (wl.get("status") or {}).get("conditions") or []:
-        new = put.pop(c.get("type"), None)
-        if new is not None and c.get("status") == new["status"] and c.get("reason") == new["reason"]:
-            new = {**new, "lastTransitionTime": c.get("lastTransitionTime", now)}
-        conditions.append(new or c)
-    conditions += put.values()
-    ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/resourceVersion",
-                                  "value": (wl.get("metadata") or {}).get("resourceVersion")}]
-    if (wl.get("status") or {}).get("admission") is not None:
-        ops.append({"op": "remove", "path": "/status/admission"})
-    ops.append({"op": "replace", "path": "/status/conditions", "value": conditions})
-    return ops
+    guard, conditions = _conditions_patch(wl, [
+        ("QuotaReserved", False, "Pending", message),
+        ("Admitted", False, "NoReservation", "The workload has no reservation"),
+        ("Requeued", reason in ("Preempted", "NodeFailures"), reason, message),
+        ("PodsReady", False, "WaitForStart", "Not all pods are ready or succeeded")], now)
+    if (wl.get("status") or {}).get("admission") is None:
+        return [guard, conditions]
+    return [guard, {"op": "remove", "path": "/status/admission"}, conditions]
 
 
 def label_selector(job_name: str) -> str:

@@ -17,7 +17,7 @@ import re
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, cast
 
 import fsspec
@@ -43,6 +43,10 @@ class CheckpointRef:
     location: str
     time: str = ""
     bytes: int = 0  # of the step's directory, every rank's files
+
+    def to_json(self) -> dict[str, Any]:
+        """As /progress and the termination summary name it (``lastCheckpoint``, docs/contracts.md §4, §5)."""
+        return asdict(self)
 
 
 def _join(root: str, name: str) -> str:

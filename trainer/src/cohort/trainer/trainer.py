@@ -408,8 +408,7 @@ class Trainer:
             mfu=self._mfu(),
             accuracy=self.eval_result.get("accuracy"), perplexity=self.eval_result.get("perplexity"),
             evalLoss=self.eval_result.get("eval_loss"),
-            lastCheckpoint={"step": last.step, "location": last.location, "time": last.time, "bytes": last.bytes}
-            if last else None,
+            lastCheckpoint=last.to_json() if last else None,
             # what a restart now would cost: the work since the newest durable checkpoint (or since step 0)
             restartCostSeconds=self._seconds_for(self.state.step - (last.step if last else 0)),
             stepsTotal=total, etaSeconds=self._eta_seconds(total))
@@ -533,8 +532,7 @@ class Trainer:
                    "worldVersion": self.world.version if self.world else 0, "checkpoints": self.ckpt.committed,
                    # the newest durable checkpoint, so the job's status names it at the end (a /progress read
                    # before the last saves would name one the keep limit has pruned since)
-                   "lastCheckpoint": {"step": last.step, "location": last.location, "time": last.time,
-                                      "bytes": last.bytes} if (last := self.ckpt.last) else None,
+                   "lastCheckpoint": self.ckpt.last.to_json() if self.ckpt.last else None,
                    "seconds": round(time.monotonic() - self.t_start, 3), "rank": self.rank,
                    "stepSecondsMedian": self.clock.step_median(), "loopSecondsMean": self.clock.loop_mean(),
                    "plan": self.plan.describe() if self.plan else "", "ledger": self.ledger.snapshot()}
