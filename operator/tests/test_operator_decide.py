@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 
 import pytest
 from tests.support.specs import WORKLOAD
@@ -136,11 +137,15 @@ def test_spare_is_promoted_immediately():
 
 
 def test_too_many_restarts_fails_the_job():
-    plan = run([pod(0), pod(1, failed=True, ready=False, phase="Failed")], status=running(1, 0, 1, restarts=3),
-               w=world(1, 0, 1))
+    error = json.dumps({"error": "workload.dataset: no files match '*.txt' under /data/missing"})
+    plan = run([pod(0), pod(1, failed=True, ready=False, phase="Failed", exit_code=2, reason="Error", message=error)],
+               status=running(1, 0, 1, restarts=3), w=world(1, 0, 1))
     assert plan.status.phase == "Failed"
     cond = get_condition(plan.status.conditions, "Failed")
     assert cond.status == "True" and cond.reason == "TooManyRestarts"
+    # The worker's own words, so `cohort submit --watch` and `kubectl describe` say why.
+    assert cond.message == ("4 worker failures exceed faultTolerance.maxRestarts=3; the last: j-worker-1 (exit code 2, "
+                            "Error, workload.dataset: no files match '*.txt' under /data/missing)")
     assert set(plan.delete) == {"j-worker-0", "j-worker-1"}
     assert plan.status.completion_time
 
@@ -394,3 +399,20 @@ def test_a_straggler_is_swapped_for_a_spare_on_another_node_never_its_own():
     assert plan.world is None and plan.delete == {}
     (req,) = plan.create
     assert req.replaces == "j-worker-0" and req.avoid_nodes == ("slow",)
+
+
+@pytest.mark.parametrize("message, said", [
+    ('{"error": "workload.model: no module named x"}', "workload.model: no module named x"),
+    ('{"step": 60, "loss": 1.2}', ""),  # a summary says nothing went wrong
+    ("Traceback (most recent call last):\n  File \"t.py\", line 1\nValueError: no files match\n\n",
+     "ValueError: no files match"),  # the kubelet's log tail in place of a termination message
+    (r'{"level": "error", "msg": "step failed", "exc": "Traceback ...\nRuntimeError: NCCL error"}',
+     "RuntimeError: NCCL error"),
+    ('{"level": "info", "msg": "rendezvous"}', "rendezvous"),
+    ("x" * 400, "x" * 297 + "..."),
+    ("", ""),
+])
+def test_a_failed_workers_words(message, said):
+    view = pod(1, failed=True, phase="Failed", exit_code=1, message=message)
+    assert view.error() == said
+    assert view.describe_exit() == ", ".join(["exit code 1"] + ([said] if said else []))

@@ -146,9 +146,13 @@ def test_cohort_train_exits_2_naming_the_field_and_the_expected_type(tmp_path, u
     (tmp_path / "job.json").write_text(json.dumps(load_manifest(write_manifest(tmp_path / "m.yaml", m)).to_document()))
     proc = cohort("train", "--config", str(tmp_path / "job.json"), timeout=120,
                   env={"PYTHONPATH": user_package, "COHORT_METRICS_PORT": str(free_port()),
-                       "COHORT_PATH_MAP": json.dumps({"/checkpoints": str(tmp_path / "ck")})})
+                       "COHORT_PATH_MAP": json.dumps({"/checkpoints": str(tmp_path / "ck")}),
+                       "COHORT_TERMINATION_LOG": str(tmp_path / "termination")})
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    # The same words as the termination message, which the operator quotes in the job's status.
+    said = json.loads((tmp_path / "termination").read_text())
+    assert list(said) == ["error"] and needle in said["error"], said
 
 
 @pytest.mark.dist

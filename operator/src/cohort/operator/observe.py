@@ -50,7 +50,29 @@ class PodView:
             parts.append(f"exit code {self.exit_code}")
         if self.reason:
             parts.append(self.reason)
-        return ", ".join(parts) or f"phase {self.phase}"
+        said = self.error()
+        return ", ".join(parts + ([said] if said else [])) or f"phase {self.phase}"
+
+    def error(self) -> str:
+        """What a failed worker said: the trainer's ``{"error": ...}`` termination message, else the last
+        line of the log tail the kubelet put there in its place (FallbackToLogsOnError: a traceback's
+        last line, or a JSON log record's exception or message); '' when it said nothing."""
+        summary = self.termination_summary()
+        if "error" in summary:
+            return _clip(str(summary["error"]))
+        if summary and "msg" not in summary:  # the trainer's summary: nothing went wrong in it
+            return ""
+        lines = [line.strip() for line in self.message.splitlines() if line.strip()]
+        if not lines:
+            return ""
+        try:
+            record = json.loads(lines[-1])
+        except ValueError:
+            return _clip(lines[-1])
+        if isinstance(record, dict):
+            exc = str(record.get("exc") or "").strip().splitlines()
+            return _clip(exc[-1] if exc else str(record.get("msg") or lines[-1]))
+        return _clip(lines[-1])
 
     def termination_summary(self) -> dict[str, Any]:
         """The JSON summary the trainer wrote on exit (docs/contracts.md §5), or {}."""
@@ -59,6 +81,10 @@ class PodView:
         except ValueError:
             return {}
         return data if isinstance(data, dict) else {}
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _terminated(pod: dict[str, Any]) -> dict[str, Any] | None:

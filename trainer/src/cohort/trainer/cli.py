@@ -25,6 +25,14 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _fail_worker(message: str) -> int:
+    """_fail, and the message as the termination message (docs/contracts.md §5): the job's status says it."""
+    from .trainer import write_termination_message
+
+    write_termination_message({"error": message})
+    return _fail(message)
+
+
 def _user_errors() -> tuple[type[Exception], ...]:
     from .checkpoint import CheckpointError
     from .workloads.workload import WorkloadError
@@ -50,12 +58,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         trainer = Trainer(cfg)
     except _user_errors() as e:
-        return _fail(str(e))
+        return _fail_worker(str(e))
     rc = 0
     try:
         trainer.run()
     except ValidationError as e:  # a plan this world cannot run (e.g. not a multiple of tensor x pipeline)
-        rc = _fail(str(e))
+        rc = _fail_worker(str(e))
     except Terminated:
         trainer.ckpt.wait()
         logging.getLogger("cohort.trainer").info("stopped by SIGTERM", extra={"step": trainer.state.step})

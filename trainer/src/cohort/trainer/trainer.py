@@ -539,13 +539,14 @@ class Trainer:
         self.metrics.update_progress(state="done", **{k: v for k, v in summary.items()
                                                       if k not in ("seconds", "ledger")})
         log.info("training complete", extra=summary)
-        _write_termination_message(summary)
+        write_termination_message(summary)
         if dist.is_initialized():
             dist.destroy_process_group()
         return summary
 
 
-def _write_termination_message(summary: dict[str, Any]) -> None:
+def write_termination_message(summary: dict[str, Any]) -> None:
+    """The JSON the operator reads from a finished worker (docs/contracts.md §5)."""
     path = map_path(os.environ.get("COHORT_TERMINATION_LOG", "/dev/termination-log"))
     try:
         with open(path, "w") as f:

@@ -54,7 +54,8 @@ def failures(observed: Inputs, decision: Decision, ours: list[PodView], world: W
                            f"{delay:g}s", warning=True)
             if status.restarts > ft.max_restarts:
                 decision.remove(view, "failed")
-                return f"{status.restarts} worker failures exceed faultTolerance.maxRestarts={ft.max_restarts}"
+                return (f"{status.restarts} worker failures exceed faultTolerance.maxRestarts={ft.max_restarts}; "
+                        f"the last: {view.name} ({view.describe_exit()})")
         if view.name in world.names:
             departures.lose(view.name, "failed")
         decision.remove(view, "failed")
