@@ -119,10 +119,20 @@ def test_the_cli_runs_trainer_commands_without_the_kubernetes_package():
     assert "need the kubernetes package" in out.stderr
 
 
-def test_the_client_package_requires_no_torch():
-    text = (REPO / "client/pyproject.toml").read_text()
-    deps = text.split("dependencies = [", 1)[1].split("]", 1)[0]
-    assert "torch" not in deps and "kopf" not in deps and "cohort-trainer" not in deps
+def test_installing_the_client_in_a_fresh_virtualenv_pulls_no_torch(tmp_path):
+    """pip resolves the client (and the API package it needs) for an empty virtualenv, from the package
+    index as a user's pip would, and reports what it would install (a dry run: nothing is installed)."""
+    venv, report = tmp_path / "venv", tmp_path / "report.json"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    out = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin/python"), "install", "--dry-run",
+                          "--quiet", "--report", str(report), str(REPO / "api"), str(REPO / "client")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    names = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+    assert {"cohort-client", "cohort-api", "kubernetes", "pyyaml"} <= names, names
+    heavy = {n for n in names if n in ("torch", "triton", "kopf", "numpy", "cohort-trainer", "cohort-operator")
+             or n.startswith("nvidia-")}
+    assert not heavy, sorted(names)
 
 
 # --- the progress line ---------------------------------------------------------------------
