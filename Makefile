@@ -54,6 +54,13 @@ demo: binaries  ## the main job end to end on the local cluster: train, kill a w
 bench:  ## run every benchmark (prints comparison tables; not tests)
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
+.PHONY: user-image load-image
+user-image:  ## build your image (IMAGE=, DOCKERFILE=, CONTEXT=; FROM cohort-trainer works) and load it into the real nodes
+	@hack/user-image.sh build "$(IMAGE)" "$(DOCKERFILE)" $(CONTEXT)
+
+load-image:  ## import IMAGE (a name in buildah's storage, or a docker/OCI archive) into every real node, like kind load
+	@hack/user-image.sh load "$(IMAGE)"
+
 .PHONY: images
 images: binaries  ## build the images here without Docker (Debian base, buildah) and import them into running real nodes
 	@if hack/nodes.sh status >/dev/null 2>&1; then hack/nodes.sh images; else hack/images.sh build; fi

@@ -190,6 +190,10 @@ ctr_() {  # socket args...
   "$BIN_CACHE/containerd-$CONTAINERD_VERSION/ctr" --address "$sock" -n k8s.io "$@" 2> >(grep -v DEPRECATION >&2)
 }
 
+user_refs() {  # markdir: the names users loaded into this runtime (hack/user-image.sh records them in full)
+  cat "$1/user-images" 2>/dev/null || true
+}
+
 import_all() {  # socket markdir: import every image this runtime does not hold yet
   local sock=$1 marks=$2 img out mark changed=0
   mkdir -p "$marks"
@@ -219,9 +223,10 @@ import_all() {  # socket markdir: import every image this runtime does not hold 
   # Only the names pods use stay (an import also records the archive's own
   # names); what they replaced is garbage, and a synchronous removal runs
   # containerd's collector over it.
+  # Images users loaded (hack/user-image.sh) stay too.
   local keep name
   keep="^($(ref_of pause)|.*/library/$(ref_of operator)|.*/library/$(ref_of trainer))\$"
-  for name in $(ctr_ "$sock" images ls -q | grep -E -v "$keep"); do
+  for name in $(ctr_ "$sock" images ls -q | grep -E -v "$keep" | grep -v -x -F -f <(user_refs "$marks")); do
     ctr_ "$sock" images rm --sync "$name" >/dev/null || true
   done
 }

@@ -10,6 +10,7 @@
 #   hack/nodes.sh status    exit 0 if every node's processes are alive
 #   hack/nodes.sh images    build the images that changed and import them into every node
 #   hack/nodes.sh count     print how many real nodes the cluster runs (COHORT_REAL_NODES, default 2)
+#   hack/nodes.sh runtimes  print each node's containerd socket and its image marks directory
 #
 # Node i is `cohort-node-i`: pods get 10.88.i.0/24 on the bridge cohort-br<i>
 # (gateway 10.88.i.1). The API server is advertised to pods at 10.87.0.1 (on
@@ -494,5 +495,6 @@ case ${1:-} in
   down) down; log "real nodes down" ;;
   status) healthy && echo healthy || { echo "not running"; exit 1; } ;;
   count) echo "$N" ;;
-  *) echo "usage: $0 net-up|up|down|status|images|count" >&2; exit 2 ;;
+  runtimes) for ((i = 0; i < N; i++)); do echo "$(sock_of "$i") $CTRD_ROOTS/$(node_name "$i")"; done ;;
+  *) echo "usage: $0 net-up|up|down|status|images|count|runtimes" >&2; exit 2 ;;
 esac

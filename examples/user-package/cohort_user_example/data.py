@@ -33,7 +33,8 @@ class ByteWindows(Dataset):
 
 
 def make_data(root: str, pattern: str = "*.txt", seq_len: int = 64, eval_every: int = 10) -> Data:
-    files = sorted(Path(root).rglob(pattern))
+    # Hidden paths are left out: .git and caches, and the ..<timestamp> copies a ConfigMap volume keeps.
+    files = sorted(f for f in Path(root).rglob(pattern) if not any(p.startswith(".") for p in f.relative_to(root).parts))
     if not files:
         raise ValueError(f"no files match {pattern!r} under {root}")
     # Every eval_every-th file is held out, so no file is in both splits.
