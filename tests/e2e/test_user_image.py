@@ -9,10 +9,13 @@ a restricted namespace, the text on a ConfigMap volume mounted through
 ``spec.podTemplate``, submitted as a user would: ``cohort submit --watch``
 prints progress and exits 0 when the job Succeeds. A job of the same image
 whose data is missing makes the command exit 1 with the failure's reason.
+``cohort logs`` then reads the real containers' logs (kwok's pods, in the
+integration tier, have none).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -107,6 +110,19 @@ def test_a_users_image_trains_on_the_real_nodes_submitted_with_cohort_submit_wat
     pods = cluster.job_pods(namespace, "text")
     assert {p.spec.containers[0].image for p in pods} == {user_image}
     assert {p.spec.node_name for p in pods} <= set(real_nodes)
+
+    # `cohort logs`: the real container logs, rank 0's alone and every worker's prefixed by its pod.
+    logs = subprocess.run([sys.executable, "-m", "cohort.client.cli", "logs", "text", "--rank", "0", "-n", namespace],
+                          env={**os.environ, "KUBECONFIG": cluster.kubeconfig}, capture_output=True, text=True,
+                          timeout=60)
+    assert logs.returncode == 0, logs.stderr
+    records = [json.loads(line) for line in logs.stdout.splitlines() if line.startswith("{")]
+    assert any(r["msg"] == "training complete" and r["step"] == 60 and r["rank"] == 0 for r in records), logs.stdout[-2000:]
+    logs = subprocess.run([sys.executable, "-m", "cohort.client.cli", "logs", "text", "-n", namespace],
+                          env={**os.environ, "KUBECONFIG": cluster.kubeconfig}, capture_output=True, text=True,
+                          timeout=60)
+    assert logs.returncode == 0, logs.stderr
+    assert {line.split("]")[0] + "]" for line in logs.stdout.splitlines()} == {f"[{p.metadata.name}]" for p in pods}
 
     stdout, stderr, rc = out["nodata"]
     assert rc == 1, (stdout[-2000:], stderr[-2000:])

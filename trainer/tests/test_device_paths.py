@@ -75,6 +75,17 @@ def api_table() -> list[tuple[str, dict[str, Any]]]:
 CASES = api_table()
 
 
+# Every case's trainer stays alive until the rank process ends (gloo_ranks' exit_process: os._exit, no
+# destructors). Freeing one frees its DDP Reducer and, with it, the case's gloo process group, whose
+# destructor joins gloo's worker threads while holding the GIL; a worker that is just dropping a
+# finished collective of "sim" tensors (a Python subclass: the decref needs the GIL) then waits for the
+# GIL forever. Seen as the fixture's 600 s hang, 1 run in 7 on a loaded host, on the synchronous code
+# (main thread: pybind11 dealloc of the Reducer -> ~ProcessGroupGloo -> std::thread::join; gloo thread:
+# runLoop -> ~AsyncAllreduceWork -> TensorImpl::decref_pyobject -> gil_scoped_acquire). Plain CPU and
+# CUDA tensors own no Python object, so the trainer itself does not meet this.
+_KEEP: list[Any] = []
+
+
 def _train_cases(rank: int, world: int, cases: list[tuple[str, dict[str, Any]]], ports: list[int],
                  root: str) -> dict[str, Any]:
     from simulated_device import on_device, simulated_device
@@ -94,6 +105,7 @@ def _train_cases(rank: int, world: int, cases: list[tuple[str, dict[str, Any]]],
         try:
             with simulated_device() as sim:
                 trainer = Trainer(cfg, env)
+                _KEEP.append(trainer)
                 summary = trainer.run()
             placed = all(on_device(p) for p in trainer.model.parameters())
             state = [v for s in trainer.optimizer.state.values() for v in s.values()
