@@ -493,3 +493,30 @@ def test_topology_neighbours():
     assert partners.count(-1) == 1 and all(partners[p] == r for r, p in enumerate(partners) if p >= 0)
     assert topology.matching(5, 3, 0) == topology.matching(5, 3, 0)
     assert any(topology.matching(8, 3, 0) != topology.matching(8, 3, i) for i in range(1, 5))
+
+
+def test_a_top_k_hooks_thread_runs_in_order_and_ends_with_its_state():
+    """The sparse, cyclic and global hooks' communication thread (topk_buckets.py): first in, first out (every
+    rank issues its buckets' collectives in one order), a daemon (a collective blocked on a lost peer must not
+    keep the process alive), gone once its state is (each new world builds a new one)."""
+    import gc
+    import threading
+
+    from cohort.trainer.compression.topk_buckets import _start_worker
+
+    class State:
+        pass
+
+    state, order, done = State(), [], threading.Event()
+    before = set(threading.enumerate())
+    jobs = _start_worker(state)
+    for i in range(20):
+        jobs.put(lambda i=i: order.append(i))
+    jobs.put(done.set)
+    assert done.wait(5) and order == list(range(20))
+    [thread] = [t for t in set(threading.enumerate()) - before if t.name == "cohort-topk"]
+    assert thread.daemon
+    del state
+    gc.collect()
+    thread.join(5)
+    assert not thread.is_alive()

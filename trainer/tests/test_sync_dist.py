@@ -254,6 +254,48 @@ def test_sparse_collective_ddp_hook_gives_the_allgather_hooks_gradients():
         assert torch.equal(r["sparse"]["grad"], results[0]["sparse"]["grad"])
 
 
+def _late_peer(rank: int, world: int) -> dict:
+    """Each top-k collective through DDP, rank 1 joining every bucket's collective 0.6 s late: how long
+    rank 0's hook took to return, and whether its future was still open then."""
+    import cohort.trainer.compression.cyclic_topk as cyclic
+    import cohort.trainer.compression.global_topk as global_
+    import cohort.trainer.compression.sparse_allreduce as sparse
+
+    out = {}
+    for collective, module, name in (("sparse", sparse, "sparse_allreduce_hook"), ("cyclic", cyclic, "cyclic_topk_hook"),
+                                     ("global", global_, "global_topk_hook")):
+        real, seen = getattr(module, name), []
+
+        def spy(state, bucket, real=real, seen=seen):
+            if rank == 1:
+                time.sleep(0.6)
+            t0 = time.perf_counter()
+            fut = real(state, bucket)
+            seen.append((time.perf_counter() - t0, fut.done()))
+            return fut
+        setattr(module, name, spy)
+        try:
+            ctx = SyncContext(rank, world, job_spec(method="topk", collective=collective), CommStats())
+            torch.manual_seed(0)
+            ddp = AllreduceSync(ctx).wrap(MLP(INFO))
+            x, y = batch(rank, 0)
+            F.cross_entropy(ddp(x), y).backward()
+        finally:
+            setattr(module, name, real)
+        out[collective] = {"seen": seen, "grad": flat_grad(ddp.module)}
+    return out
+
+
+def test_top_k_collectives_return_ddp_a_future_and_communicate_off_the_backward_pass():
+    """Issue 32 item 6: the sparse, cyclic and global collectives ran inside the hook, so backward waited for
+    each bucket's communication. With a peer 0.6 s late, rank 0's hook must return at once with its future
+    still open (it was 0.6 s and done before), and the gradients still agree on both ranks."""
+    results = run_ranks(_late_peer, 2)
+    for collective, r in results[0].items():
+        assert r["seen"] and all(took < 0.3 and not done for took, done in r["seen"]), (collective, r["seen"])
+        assert torch.equal(r["grad"], results[1][collective]["grad"]), collective
+
+
 @pytest.mark.parametrize("method", HOOK_METHODS)
 def test_ddp_hook_counts_bytes_for_the_collective_used(hook_results, method):
     world, n = 4, N_PARAMS

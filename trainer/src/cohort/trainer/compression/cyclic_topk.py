@@ -78,7 +78,11 @@ def leaders_indices(x: torch.Tensor, select: Callable[[torch.Tensor], torch.Tens
 
 
 def cyclic_topk_hook(state: CyclicTopKState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """The leader's top-k indices, broadcast; every rank's values there, summed; averaged."""
+    """The leader's top-k indices, broadcast; every rank's values there, summed; averaged (off backward)."""
+    return state.launch(bucket, _cyclic_topk_bucket)  # type: ignore[arg-type]  # a CyclicTopKState's own work
+
+
+def _cyclic_topk_bucket(state: CyclicTopKState, bucket: dist.GradBucket) -> torch.Tensor:
     ctx, grad, key, world = state.ctx, bucket.buffer(), bucket.index(), state.ctx.world_size
     x, comp = state.open(bucket)
     k = comp.count(grad.numel())

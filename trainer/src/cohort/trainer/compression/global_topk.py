@@ -80,7 +80,11 @@ def global_topk_allreduce(indices: torch.Tensor, values: torch.Tensor, numel: in
 
 
 def global_topk_hook(state: TopKBuckets, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Top-k of the (error-compensated) bucket; the top-k of the ranks' sum kept; averaged."""
+    """Top-k of the (error-compensated) bucket; the top-k of the ranks' sum kept; averaged (off backward)."""
+    return state.launch(bucket, _global_topk_bucket)
+
+
+def _global_topk_bucket(state: TopKBuckets, bucket: dist.GradBucket) -> torch.Tensor:
     ctx, grad, world = state.ctx, bucket.buffer(), state.ctx.world_size
     x, comp = state.open(bucket)
     idx = comp.select(x)

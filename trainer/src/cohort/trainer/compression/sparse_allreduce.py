@@ -127,7 +127,11 @@ def sparse_allreduce(indices: torch.Tensor, values: torch.Tensor, numel: int, ra
 
 
 def sparse_allreduce_hook(state: TopKBuckets, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Top-k of the (error-compensated) bucket, summed by :func:`sparse_allreduce`, averaged."""
+    """Top-k of the (error-compensated) bucket, summed by :func:`sparse_allreduce`, averaged (off backward)."""
+    return state.launch(bucket, _sparse_allreduce_bucket)
+
+
+def _sparse_allreduce_bucket(state: TopKBuckets, bucket: dist.GradBucket) -> torch.Tensor:
     ctx, grad, world = state.ctx, bucket.buffer(), state.ctx.world_size
     x, comp = state.open(bucket)
     idx = comp.select(x)
