@@ -64,9 +64,9 @@ EOF
 }
 
 plain_tar() {  # archive out: decompress a .zst/.gz archive into out, or link a plain one
-  case $(file -b --mime-type "$1" 2>/dev/null || echo unknown) in
-    application/zstd) log "decompressing $1"; zstd -q -d -f "$1" -o "$2" ;;
-    application/gzip) log "decompressing $1"; gzip -d -c "$1" > "$2" ;;
+  case $(head -c 4 "$1" | od -An -tx1 | tr -d ' \n') in  # the magic numbers
+    28b52ffd) log "decompressing $1"; zstd -q -d -f "$1" -o "$2" ;;
+    1f8b*) log "decompressing $1"; gzip -d -c "$1" > "$2" ;;
     *) ln -sf "$(realpath "$1")" "$2" ;;
   esac
 }
