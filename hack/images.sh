@@ -22,22 +22,10 @@
 # so an unchanged tree rebuilds nothing; the images nodes import are kept
 # zstd-compressed (the trainer's 4.4 GB archive is 2.5 GB so) and decompressed
 # on their way into containerd. Buildah's own storage lives there too.
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/image-store.sh"
 
-IMAGES_DIR="$COHORT_CACHE/images"
-STORAGE=(--root "$IMAGES_DIR/storage" --runroot "/run/cohort-buildah")
-TAG=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$REPO_ROOT/helm/cohort/Chart.yaml")
 BASE_REF="cohort.local/debian-python:bookworm"
 PAUSE_REF="cohort.local/pause:$PAUSE_VERSION"
-mkdir -p "$IMAGES_DIR"
-
-buildah_() { buildah "${STORAGE[@]}" "$@"; }
-
-# Buildah stages each committed layer in TMPDIR (/var/tmp by default): here, so
-# that it is on the disk the free-space check measures and a killed build's
-# gigabytes are found and removed by the next one.
-export TMPDIR="$IMAGES_DIR/tmp"
-mkdir -p "$TMPDIR"
 
 # What building an image adds to the disk at its peak, in GiB. The trainer's
 # 4.4 GB of dependencies are there several times over while buildah commits them
@@ -145,17 +133,12 @@ build_dockerfile() {  # image out
   buildah_ inspect --type image "$BASE_REF" >/dev/null 2>&1 \
     || buildah_ pull --quiet "docker-archive:$(archive_of base)" >/dev/null
   log "$img: buildah build -f $df (base $BASE_REF)"
-  # The host's pip configuration and CA bundle are mounted for the RUN steps
-  # only (never committed), so pip inside reaches the package index as the host does.
-  local mounts=()
-  [[ -f /etc/pip.conf ]] && mounts+=(-v /etc/pip.conf:/etc/pip.conf:ro)
-  [[ -f /etc/ssl/certs/ca-certificates.crt ]] && mounts+=(-v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
   # The whole build output goes to a log; its STEP lines show progress.
   local blog="$IMAGES_DIR/$img.build.log"
   scratch_clean
   check_space "$img"
   (cd "$REPO_ROOT" && buildah_ build --isolation chroot --layers=false --pull=never \
-    --build-arg "BASE_IMAGE=$BASE_REF" "${mounts[@]}" \
+    --build-arg "BASE_IMAGE=$BASE_REF" "${RUN_MOUNTS[@]}" \
     --ignorefile "$df.dockerignore" -f "$df" -t "$ref" . > "$blog" 2>&1 &
     pid=$!; tail -n +1 -f --pid "$pid" "$blog" | grep --line-buffered -o '\[[0-9/]*\] STEP [0-9].\{0,100\}' | sed -u 's/^/  /' >&2
     wait "$pid") || { tail -n 40 "$blog" >&2; scratch_clean; die "building $img failed (the build log: $blog)"; }
@@ -183,11 +166,6 @@ build_one() {
   find "$IMAGES_DIR" -maxdepth 1 \( -name "$img-*.tar" -o -name "$img-*.tar.zst" \) ! -name "$(basename "$out")" -delete
   mv "$tmp" "$out"
   log "$img: $(ref_of "$img") built in $((SECONDS - t0))s ($(du -h "$out" | cut -f1))"
-}
-
-ctr_() {  # socket args...
-  local sock=$1; shift
-  "$BIN_CACHE/containerd-$CONTAINERD_VERSION/ctr" --address "$sock" -n k8s.io "$@" 2> >(grep -v DEPRECATION >&2)
 }
 
 user_refs() {  # markdir: the names users loaded into this runtime (hack/user-image.sh records them in full)

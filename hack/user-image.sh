@@ -20,24 +20,11 @@
 # build runs buildah as hack/images.sh does (chroot isolation, no daemon, the
 # host's pip configuration mounted for RUN steps), in Cohort's buildah storage,
 # where the trainer and base images are put first (once per trainer build).
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/image-store.sh"
 
-IMAGES_DIR="$COHORT_CACHE/images"
-STORAGE=(--root "$IMAGES_DIR/storage" --runroot "/run/cohort-buildah")
-TAG=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$REPO_ROOT/helm/cohort/Chart.yaml")
 TRAINER_REF="cohort-trainer:$TAG"
-CTR="$BIN_CACHE/containerd-$CONTAINERD_VERSION/ctr"
-export TMPDIR="$IMAGES_DIR/tmp"
-mkdir -p "$TMPDIR"
-
 WORK=""
 trap '[[ -z $WORK ]] || rm -rf "$WORK"' EXIT
-
-buildah_() { buildah "${STORAGE[@]}" "$@"; }
-ctr_() {  # socket args...
-  local sock=$1; shift
-  "$CTR" --address "$sock" -n k8s.io "$@" 2> >(grep -v DEPRECATION >&2)
-}
 
 nodes() {  # "socket markdir" of every running real node, or die saying how to start them
   "$HACK_DIR/nodes.sh" status >/dev/null 2>&1 || die "the local cluster's real nodes are not running: make cluster-up"
@@ -165,11 +152,8 @@ build() {  # name dockerfile [context]
   ctx=${ctx:-$(dirname "$df")}
   [[ -d $ctx ]] || die "no build context directory at $ctx"
   trainer_in_storage
-  local mounts=()
-  [[ -f /etc/pip.conf ]] && mounts+=(-v /etc/pip.conf:/etc/pip.conf:ro)
-  [[ -f /etc/ssl/certs/ca-certificates.crt ]] && mounts+=(-v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro)
   log "$name: buildah build -f $df $ctx"
-  buildah_ build --isolation chroot --pull=never "${mounts[@]}" -f "$df" -t "$name" "$ctx" >&2 \
+  buildah_ build --isolation chroot --pull=never "${RUN_MOUNTS[@]}" -f "$df" -t "$name" "$ctx" >&2 \
     || die "building $name failed (the build's output is above)"
   load "$name"
 }

@@ -22,7 +22,6 @@ import shutil
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 
 import pytest
 import yaml
@@ -74,9 +73,9 @@ def text_job(name: str, image: str, root: str) -> dict:
     return job
 
 
-def submit_watch(cluster, namespace: str, manifest: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "cohort.client.cli", "submit", str(manifest), "--watch",
-                             "--timeout", "420", "-n", namespace],
+def cohort(cluster, namespace: str, *args: str) -> subprocess.Popen[str]:
+    """The ``cohort`` CLI, as a user runs it against this cluster."""
+    return subprocess.Popen([sys.executable, "-m", "cohort.client.cli", *args, "-n", namespace],
                             env={**os.environ, "KUBECONFIG": cluster.kubeconfig},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -92,7 +91,8 @@ def test_a_users_image_trains_on_the_real_nodes_submitted_with_cohort_submit_wat
     for name, root in (("text", "/data"), ("nodata", "/data/missing")):
         manifests[name] = tmp_path / f"{name}.yaml"
         manifests[name].write_text(yaml.safe_dump(text_job(name, user_image, root)))
-    watches = {name: submit_watch(cluster, namespace, path) for name, path in manifests.items()}
+    watches = {name: cohort(cluster, namespace, "submit", str(path), "--watch", "--timeout", "420")
+               for name, path in manifests.items()}
     out = {name: (*w.communicate(timeout=480), w.returncode) for name, w in watches.items()}
 
     stdout, stderr, rc = out["text"]
@@ -112,17 +112,13 @@ def test_a_users_image_trains_on_the_real_nodes_submitted_with_cohort_submit_wat
     assert {p.spec.node_name for p in pods} <= set(real_nodes)
 
     # `cohort logs`: the real container logs, rank 0's alone and every worker's prefixed by its pod.
-    logs = subprocess.run([sys.executable, "-m", "cohort.client.cli", "logs", "text", "--rank", "0", "-n", namespace],
-                          env={**os.environ, "KUBECONFIG": cluster.kubeconfig}, capture_output=True, text=True,
-                          timeout=60)
-    assert logs.returncode == 0, logs.stderr
-    records = [json.loads(line) for line in logs.stdout.splitlines() if line.startswith("{")]
-    assert any(r["msg"] == "training complete" and r["step"] == 60 and r["rank"] == 0 for r in records), logs.stdout[-2000:]
-    logs = subprocess.run([sys.executable, "-m", "cohort.client.cli", "logs", "text", "-n", namespace],
-                          env={**os.environ, "KUBECONFIG": cluster.kubeconfig}, capture_output=True, text=True,
-                          timeout=60)
-    assert logs.returncode == 0, logs.stderr
-    assert {line.split("]")[0] + "]" for line in logs.stdout.splitlines()} == {f"[{p.metadata.name}]" for p in pods}
+    stdout, stderr = (logs := cohort(cluster, namespace, "logs", "text", "--rank", "0")).communicate(timeout=60)
+    assert logs.returncode == 0, stderr
+    records = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    assert any(r["msg"] == "training complete" and r["step"] == 60 and r["rank"] == 0 for r in records), stdout[-2000:]
+    stdout, stderr = (logs := cohort(cluster, namespace, "logs", "text")).communicate(timeout=60)
+    assert logs.returncode == 0, stderr
+    assert {line.split("]")[0] + "]" for line in stdout.splitlines()} == {f"[{p.metadata.name}]" for p in pods}
 
     stdout, stderr, rc = out["nodata"]
     assert rc == 1, (stdout[-2000:], stderr[-2000:])
