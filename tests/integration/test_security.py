@@ -57,6 +57,12 @@ def test_a_job_author_gets_pods_only_as_the_namespaces_pod_security_level_allows
     denied = [("create", "pods", "", ""), ("create", "pods", "", "exec"), ("delete", "pods", "", ""),
               ("get", "secrets", "", ""), ("create", "roles", "rbac.authorization.k8s.io", ""),
               ("patch", "trainingjobs", "cohort.dev", "status"), ("create", "serviceaccounts", "", "token")]
+    # The RBAC authorizer sees a new RoleBinding through its informer, a moment after the create returns.
+    try:
+        wait_for(lambda: all(_may(cluster, namespace, *a) for a in allowed), timeout_s=10,
+                 what="the job author's Role in the authorizer")
+    except AssertionError:
+        pass  # reported below, with the permissions that differ
     wrong = [a for a in allowed if not _may(cluster, namespace, *a)]
     wrong += [d for d in denied if _may(cluster, namespace, *d)]
     assert not wrong, f"the job author's access differs from docs/security.md: {wrong}"
