@@ -212,8 +212,7 @@ def test_pod_template_is_merged_but_cannot_override_the_contract():
         "spec": {
             "serviceAccountName": "custom", "imagePullSecrets": [{"name": "reg"}],
             "volumes": [{"name": "data", "emptyDir": {}}],
-            "containers": [{"env": [{"name": "COHORT_FAULT_KILL", "value": "rank=1,step=5"},
-                                    {"name": "COHORT_WORLD", "value": "file:/x"}],
+            "containers": [{"env": [{"name": "COHORT_FAULT_KILL", "value": "rank=1,step=5"}],
                             "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
         }}})
     meta, spec = pod["metadata"], pod["spec"]
@@ -254,6 +253,42 @@ def test_no_template_volume_is_dropped_and_none_can_take_the_operators_names():
         with pytest.raises(ValidationError, match=r"^spec\.podTemplate\.spec\.containers\[0\]\.volumeMounts: "):
             parse(TrainingJobSpec, with_workload({"podTemplate": {"spec": {"containers": [
                 {"volumeMounts": [{"name": name, "mountPath": "/elsewhere"}]}]}}}))
+
+
+def test_a_template_may_not_set_the_contracts_env_or_mount_at_the_operators_paths():
+    """Issue 32: a template's COHORT_WORLD (or any contract variable) was dropped without a word, and a mount
+    at /tmp, /etc/cohort or the checkpoint path passed admission and then made every pod invalid. Admission
+    refuses each, naming the field; what passes reaches the pod whole."""
+    import pytest
+
+    from cohort.api.models import CONTRACT_ENV, RESERVED_MOUNT_PATHS
+    from cohort.api.schema import ValidationError
+
+    assert [e["name"] for e in pod_for()["spec"]["containers"][0]["env"]][:len(CONTRACT_ENV)] == list(CONTRACT_ENV)
+
+    def template(**container):
+        return with_workload({"podTemplate": {"spec": {"volumes": [{"name": "data", "emptyDir": {}}],
+                                                       "containers": [container]}}})
+
+    for name in CONTRACT_ENV:
+        with pytest.raises(ValidationError, match=rf"^spec\.podTemplate\.spec\.containers\[0\]\.env: .*{name}"):
+            parse(TrainingJobSpec, template(env=[{"name": "MINE", "value": "1"}, {"name": name, "value": "x"}]))
+    for path in RESERVED_MOUNT_PATHS:
+        with pytest.raises(ValidationError, match=r"^spec\.podTemplate\.spec\.containers\[0\]\.volumeMounts: "):
+            parse(TrainingJobSpec, template(volumeMounts=[{"name": "data", "mountPath": path}]))
+    at_checkpoints = template(volumeMounts=[{"name": "data", "mountPath": "/ckpt"}])
+    with pytest.raises(ValidationError, match=r"^spec\.podTemplate\.spec\.containers: a volumeMount at "
+                                              r"spec\.checkpoint\.path"):
+        parse(TrainingJobSpec, {**at_checkpoints, "checkpoint": {"path": "/ckpt"}})
+    parse(TrainingJobSpec, {**at_checkpoints, "checkpoint": {"path": "s3://bucket/ckpt"}})  # no volume there
+    with pytest.raises(ValidationError, match=r"^spec\.podTemplate\.spec\.containers\[0\]\.env\[0\]\.name: required"):
+        parse(TrainingJobSpec, template(env=[{"value": "x"}]))
+
+    user_env = [{"name": "COHORT_FAULT_KILL", "value": "rank=1,step=5"}, {"name": "COHORT_WORLDS", "value": "y"}]
+    pod = pod_for(template(env=user_env, volumeMounts=[{"name": "data", "mountPath": "/tmp/data"}]))
+    env = pod["spec"]["containers"][0]["env"]
+    assert env[len(CONTRACT_ENV):len(CONTRACT_ENV) + 2] == user_env
+    assert {"name": "data", "mountPath": "/tmp/data"} in pod["spec"]["containers"][0]["volumeMounts"]
 
 
 def test_replacement_avoids_the_straggler_node_in_every_term():

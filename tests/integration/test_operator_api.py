@@ -107,6 +107,19 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
      "spec.podTemplate.spec.containers[0].volumeMounts"),
     ("template-volume-without-a-name", {"podTemplate": {"spec": {"volumes": [{"emptyDir": {}}]}}},
      "spec.podTemplate.spec.volumes[0].name"),
+    # The contract's env was dropped; a mount at the operator's paths made every pod invalid at creation.
+    ("template-env-sets-the-world", {"podTemplate": {"spec": {"containers": [{"env": [
+        {"name": "COHORT_WORLD", "value": "configmap:other-world"}]}]}}},
+     "spec.podTemplate.spec.containers[0].env"),
+    ("template-env-without-a-name", {"podTemplate": {"spec": {"containers": [{"env": [{"value": "x"}]}]}}},
+     "spec.podTemplate.spec.containers[0].env[0].name"),
+    ("template-mount-at-tmp", {"podTemplate": {"spec": {"volumes": [{"name": "data", "emptyDir": {}}], "containers": [
+        {"volumeMounts": [{"name": "data", "mountPath": "/tmp"}]}]}}},
+     "spec.podTemplate.spec.containers[0].volumeMounts"),
+    ("template-mount-at-the-checkpoint-path", {"podTemplate": {"spec": {"volumes": [{"name": "d", "emptyDir": {}}],
+                                                                        "containers": [{"volumeMounts": [
+        {"name": "d", "mountPath": "/checkpoints"}]}]}}},
+     "spec.podTemplate.spec.containers"),
 ]
 
 

@@ -8,6 +8,7 @@ Pod Security level: here the API server refuses the pod the operator builds, and
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -58,11 +59,9 @@ def test_a_job_author_gets_pods_only_as_the_namespaces_pod_security_level_allows
               ("get", "secrets", "", ""), ("create", "roles", "rbac.authorization.k8s.io", ""),
               ("patch", "trainingjobs", "cohort.dev", "status"), ("create", "serviceaccounts", "", "token")]
     # The RBAC authorizer sees a new RoleBinding through its informer, a moment after the create returns.
-    try:
+    with contextlib.suppress(AssertionError):  # reported below, with the permissions that differ
         wait_for(lambda: all(_may(cluster, namespace, *a) for a in allowed), timeout_s=10,
                  what="the job author's Role in the authorizer")
-    except AssertionError:
-        pass  # reported below, with the permissions that differ
     wrong = [a for a in allowed if not _may(cluster, namespace, *a)]
     wrong += [d for d in denied if _may(cluster, namespace, *d)]
     assert not wrong, f"the job author's access differs from docs/security.md: {wrong}"

@@ -41,6 +41,8 @@ RESOURCE_NAMES = ["cpu", "memory", "ephemeral-storage", models.GPU_RESOURCE]
 ODD_STRINGS = ["", "x", "with space", "ünïcödé", "a\nb", "-", "/checkpoints/sub", "s3://bucket/p"]
 INT64_MAX = 2**63 - 1
 RESERVED_VOLUMES: tuple[str, ...] = models.RESERVED_VOLUMES
+# Mount paths around the operator's (models.RESERVED_MOUNT_PATHS and the default checkpoint path).
+MOUNT_PATHS = [*models.RESERVED_MOUNT_PATHS, "/checkpoints", "/checkpoints/", "/tmp/x", "/etc", "/dev/shm", "/ckpt"]
 
 
 @dataclasses.dataclass
@@ -266,6 +268,13 @@ class SpecGen:
                         ("a long name", [{"name": "n" * 64}]), ("a named item", [{"name": "mine", "x": 1}]),
                         ("two named items", [{"name": "a"}, {"name": "b"}])]
                 out += [(f"an item named {n!r}", [{"name": n, "emptyDir": {}}]) for n in RESERVED_VOLUMES]
+                out += [(f"an item named {n!r}", [{"name": n, "value": "x"}]) for n in models.CONTRACT_ENV]
+                out += [("a name past the env limit", [{"name": "N" * (models.ENV_NAME_MAX + 1)}]),
+                        ("a name at the env limit", [{"name": "N" * models.ENV_NAME_MAX}])]
+                out += [(f"an item at {p!r}", [{"name": "data", "mountPath": p}]) for p in MOUNT_PATHS]
+                out += [("a path past the limit", [{"name": "data", "mountPath": "/" * (models.MOUNT_PATH_MAX + 1)}]),
+                        ("a numeric path", [{"name": "data", "mountPath": 1}]),
+                        ("a null path", [{"name": "data", "mountPath": None}])]
             elif is_model(item):
                 out += [("an item with an unknown field", [{"bogusField": 1}]), ("an empty item", [{}])]
             return out

@@ -33,11 +33,30 @@ SCRATCH_VOLUME = "scratch"
 CHECKPOINT_VOLUME = "cohort-checkpoints"
 SHM_VOLUME = "cohort-shm"
 RESERVED_VOLUMES: tuple[str, ...] = (CONFIG_VOLUME, SCRATCH_VOLUME, CHECKPOINT_VOLUME, SHM_VOLUME)
-_RESERVED_VOLUMES_CEL = "[" + ", ".join(f"'{v}'" for v in RESERVED_VOLUMES) + "]"
-_RESERVED_VOLUMES_TEXT = ", ".join(RESERVED_VOLUMES[:-1]) + " and " + RESERVED_VOLUMES[-1]
 # The most volumes (and volumeMounts) a podTemplate adds: a bound the rules above need to stay within the
 # API server's CEL cost budget, far above what a worker mounts.
 MAX_TEMPLATE_ITEMS = 128
+# Where the operator mounts its config and scratch volumes in every worker (and the checkpoint volume at
+# spec.checkpoint.path): a template mount at one of these paths would make the pod invalid, so admission
+# refuses it. The longest mount path and env name a template gives, and the most env entries (CEL bounds).
+CONFIG_DIR = "/etc/cohort"
+SCRATCH_DIR = "/tmp"
+RESERVED_MOUNT_PATHS: tuple[str, ...] = (CONFIG_DIR, SCRATCH_DIR)
+MOUNT_PATH_MAX = 1024
+ENV_NAME_MAX = 256
+MAX_TEMPLATE_ENV = 256
+# The worker contract's environment (docs/contracts.md §2), set by the operator in every worker. A template
+# setting one would point a worker elsewhere (another job's world, another config), so admission refuses it.
+CONTRACT_ENV: tuple[str, ...] = ("COHORT_CONFIG", "COHORT_JOB_NAME", "COHORT_NAMESPACE", "COHORT_POD_NAME",
+                                 "COHORT_POD_IP", "COHORT_METRICS_PORT", "COHORT_WORLD")
+
+
+def _cel_list(items: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{v}'" for v in items) + "]"
+
+
+def _text(items: tuple[str, ...]) -> str:
+    return ", ".join(items[:-1]) + " and " + items[-1]
 
 BUILTIN_MODELS = ("mlp", "convnet", "transformer")
 BUILTIN_DATASETS = ("digits", "synthetic-classification", "synthetic-lm", "tokens", "python-source")
@@ -400,21 +419,36 @@ class TemplateSecurity:
 
 @dataclass
 class TemplateContainer:
-    """What the trainer container takes from the template (the contract's env and mounts win)."""
+    """What the trainer container takes from the template, added to the contract's env and mounts."""
 
     __rules__ = (
-        Rule(cel=f"self.volumeMounts.all(m, !(m.name in {_RESERVED_VOLUMES_CEL}))",
-             message=f"spec.podTemplate.spec.containers[0].volumeMounts: {_RESERVED_VOLUMES_TEXT} are the "
+        Rule(cel=f"self.volumeMounts.all(m, !(m.name in {_cel_list(RESERVED_VOLUMES)}))",
+             message=f"{_text(RESERVED_VOLUMES)} are the "
                      "operator's own volumes, which a template may not mount (mount a volume of your own)",
              check=lambda c: not any(m.get("name") in RESERVED_VOLUMES for m in c.volume_mounts),
              field_path=".volumeMounts"),
+        Rule(cel=f"self.volumeMounts.all(m, !has(m.mountPath) || !(m.mountPath in {_cel_list(RESERVED_MOUNT_PATHS)}))",
+             message=f"{_text(RESERVED_MOUNT_PATHS)} are where "
+                     "the operator mounts the job config and the scratch directory (the root file system is "
+                     "read-only): mount yours elsewhere",
+             check=lambda c: not any(m.get("mountPath") in RESERVED_MOUNT_PATHS for m in c.volume_mounts),
+             field_path=".volumeMounts"),
+        Rule(cel=f"self.env.all(e, !(e.name in {_cel_list(CONTRACT_ENV)}))",
+             message=f"{_text(CONTRACT_ENV)} are the worker contract's "
+                     "(docs/contracts.md), which the operator sets in every worker: a template may not set them",
+             check=lambda c: not any(e.get("name") in CONTRACT_ENV for e in c.env),
+             field_path=".env"),
     )
 
     name: Literal["trainer"] = field("trainer", doc="The container is always named trainer.")
-    env: list[Any] = field([], free_form=True, doc="core/v1 EnvVars added to the contract's.")
-    volume_mounts: list[Any] = field([], free_form=True, named=True, max_items=MAX_TEMPLATE_ITEMS,
+    env: list[Any] = field([], free_form=True, named=True, strings={"name": ENV_NAME_MAX}, max_items=MAX_TEMPLATE_ENV,
+                           doc="core/v1 EnvVars added to the contract's, which a template may not set "
+                               f"({_text(CONTRACT_ENV)}).")
+    volume_mounts: list[Any] = field([], free_form=True, named=True, strings={"mountPath": MOUNT_PATH_MAX},
+                                     max_items=MAX_TEMPLATE_ITEMS,
                                      doc="core/v1 VolumeMounts added to the contract's; none may mount one of "
-                                         f"the operator's volumes ({_RESERVED_VOLUMES_TEXT}).")
+                                         f"the operator's volumes ({_text(RESERVED_VOLUMES)}) or mount at its "
+                                         f"paths ({_text(RESERVED_MOUNT_PATHS)}, spec.checkpoint.path).")
     image_pull_policy: Optional[Literal["Always", "IfNotPresent", "Never"]] = field(
         None, doc="core/v1 imagePullPolicy of the trainer image.")
 
@@ -424,8 +458,8 @@ class TemplateSpec:
     """The pod spec fields a worker may take from the template."""
 
     __rules__ = (
-        Rule(cel=f"self.volumes.all(v, !(v.name in {_RESERVED_VOLUMES_CEL}))",
-             message=f"spec.podTemplate.spec.volumes: {_RESERVED_VOLUMES_TEXT} are the names of the operator's "
+        Rule(cel=f"self.volumes.all(v, !(v.name in {_cel_list(RESERVED_VOLUMES)}))",
+             message=f"{_text(RESERVED_VOLUMES)} are the names of the operator's "
                      "own volumes in every worker pod: name yours otherwise",
              check=lambda t: not any(v.get("name") in RESERVED_VOLUMES for v in t.volumes), field_path=".volumes"),
     )
@@ -434,7 +468,7 @@ class TemplateSpec:
     image_pull_secrets: list[Any] = field([], free_form=True, doc="core/v1 LocalObjectReferences for the image.")
     volumes: list[Any] = field([], free_form=True, named=True, max_items=MAX_TEMPLATE_ITEMS,
                                doc="core/v1 Volumes added to the pod (mount them with volumeMounts); the operator's "
-                                   f"own volumes' names ({_RESERVED_VOLUMES_TEXT}) are taken.")
+                                   f"own volumes' names ({_text(RESERVED_VOLUMES)}) are taken.")
     security_context: TemplateSecurity = field(TemplateSecurity, doc="UID, GID and fsGroup of the trainer.")
     containers: list[TemplateContainer] = field(
         [], max_items=1, doc="At most one, the trainer container's additions: a worker runs one container.")
@@ -503,6 +537,13 @@ class TrainingJobSpec:
              message="spec.workload.globalBatchSize must be at least spec.replicas.max (a sample per rank)",
              check=lambda s: s.workload.global_batch_size == 0 or s.workload.global_batch_size >= s.replicas.max,
              field_path=".workload.globalBatchSize"),
+        Rule(cel="self.checkpoint.path.contains('://') || self.podTemplate.spec.containers.all(c, "
+                 "c.volumeMounts.all(m, !has(m.mountPath) || m.mountPath != self.checkpoint.path))",
+             message="a volumeMount at spec.checkpoint.path, where the operator mounts the checkpoint volume: give "
+                     "your volume as spec.checkpoint.volume instead",
+             check=lambda s: "://" in s.checkpoint.path or not any(
+                 m.get("mountPath") == s.checkpoint.path for c in s.pod_template.spec.containers for m in c.volume_mounts),
+             field_path=".podTemplate.spec.containers"),
         Rule(cel="self.sync.algorithm == 'allreduce' || self.parallelism.strategy == 'data'",
              message="spec.sync.algorithm gossip/localsgd needs spec.parallelism.strategy data",
              check=lambda s: s.sync.algorithm == "allreduce" or s.parallelism.strategy == "data",

@@ -20,7 +20,7 @@ import math
 import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from decimal import ROUND_UP, Decimal, localcontext
 from typing import Any, Literal, TypeGuard, Union, get_args, get_origin
 
@@ -116,6 +116,7 @@ def field(
     pattern_message: str | None = None,
     free_form: bool = False,
     named: bool = False,
+    strings: Mapping[str, int] | None = None,
     max_items: int | None = None,
     strict: bool = True,
 ) -> Any:
@@ -125,6 +126,8 @@ def field(
     (resources, affinity, modelArgs): kept as-is and not validated here.
     ``named`` (a free-form list) declares its items' ``name``: a required string of at most
     :data:`ITEM_NAME_MAX` characters, which CEL rules can then read (core/v1 volumes, mounts).
+    ``strings`` (a free-form list) declares more of its items' string fields, optional, each with its
+    longest length (or the name's, in place of :data:`ITEM_NAME_MAX`): CEL rules can read them too.
     ``max_items`` bounds a list (the API server's CEL cost estimate needs bounds on what a rule iterates).
     """
     meta = {
@@ -136,6 +139,7 @@ def field(
         "pattern_message": pattern_message,
         "free_form": free_form,
         "named": named,
+        "strings": dict(strings or {}),
         "max_items": max_items,
     }
     if isinstance(default, (dict, list)):
@@ -249,9 +253,10 @@ def _type_schema(tp: Any, meta: typing.Mapping[str, Any]) -> dict[str, Any]:
         (item,) = get_args(tp)
         if item is Any or meta.get("free_form"):
             item_s = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+            if _item_strings(meta):
+                item_s["properties"] = {k: {"type": "string", "maxLength": n} for k, n in _item_strings(meta).items()}
             if meta.get("named"):
                 item_s["required"] = ["name"]
-                item_s["properties"] = {"name": {"type": "string", "maxLength": ITEM_NAME_MAX}}
         else:
             item_s = _type_schema(item, {})
         s = {"type": "array", "items": item_s}
@@ -371,22 +376,31 @@ def _parse_value(tp: Any, meta: typing.Mapping[str, Any], value: Any, path: str)
             raise ValidationError(f"{path}: must have at most {meta['max_items']} items, got {len(value)}")
         (item,) = get_args(tp)
         if item is Any or meta.get("free_form"):
+            declared = _item_strings(meta)
             for i, v in enumerate(value):  # the schema's items are objects (core/v1 ones): contents unchecked
                 _check_type(v, dict, f"{path}[{i}]", "object")
-                if meta.get("named"):
-                    _check_name(v.get("name"), f"{path}[{i}].name")
-            return copy.deepcopy(value)
+                if meta.get("named") and v.get("name") is None:
+                    raise ValidationError(f"{path}[{i}].name: required field is missing")
+                for key, longest in declared.items():
+                    _check_item_string(v.get(key), longest, f"{path}[{i}].{key}")
+            # A null in a declared field is pruned by the API server (one in an undeclared field is kept).
+            return [{k: copy.deepcopy(x) for k, x in v.items() if x is not None or k not in declared} for v in value]
         return [_parse_value(item, {}, v, f"{path}[{i}]") for i, v in enumerate(value)]
     _check_bounds(value, meta, path)
     return value
 
 
-def _check_name(name: Any, path: str) -> None:
-    if name is None:
-        raise ValidationError(f"{path}: required field is missing")
-    _check_type(name, str, path, "string")
-    if len(name) > ITEM_NAME_MAX:
-        raise ValidationError(f"{path}: must be at most {ITEM_NAME_MAX} characters, got {len(name)}")
+def _item_strings(meta: Mapping[str, Any]) -> dict[str, int]:
+    """The declared string fields of a free-form list's items, and their longest lengths."""
+    return ({"name": ITEM_NAME_MAX} if meta.get("named") else {}) | dict(meta.get("strings") or {})
+
+
+def _check_item_string(value: Any, longest: int, path: str) -> None:
+    if value is None:  # absent (a null is pruned by the API server, as elsewhere)
+        return
+    _check_type(value, str, path, "string")
+    if len(value) > longest:
+        raise ValidationError(f"{path}: must be at most {longest} characters, got {len(value)}")
 
 
 def _whole(value: Any) -> Any:

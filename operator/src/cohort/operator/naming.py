@@ -14,6 +14,7 @@ from typing import Any
 from cohort.api.jobconfig import API_VERSION as API_VERSION
 from cohort.api.jobconfig import METRICS_PORT as METRICS_PORT
 from cohort.api.jobconfig import RDZV_PORT as RDZV_PORT
+from cohort.api.models import CONFIG_DIR as CONFIG_DIR
 from cohort.api.models import KIND, PLURAL
 
 MANAGER = "cohort-operator"
@@ -30,7 +31,6 @@ ANNOTATION_INDEX = "cohort.dev/index"
 
 CONFIG_KEY = "job.json"
 WORLD_KEY = "world.json"
-CONFIG_DIR = "/etc/cohort"
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
 
 _POD_NAME = re.compile(r"^(?P<job>.+)-worker-(?P<index>\d+)$")

@@ -29,6 +29,7 @@ from cohort.api.models import (
     CHECKPOINT_VOLUME,
     CONFIG_VOLUME,
     GPU_RESOURCE,
+    SCRATCH_DIR,
     SCRATCH_VOLUME,
     SHM_VOLUME,
     Resources,
@@ -129,13 +130,6 @@ def contract_env(job_name: str) -> list[dict[str, Any]]:
     ]
 
 
-def _merge_env(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    # The contract variables win: a template cannot point a worker at another
-    # job's world. Everything else the user adds is kept, in order.
-    taken = {e["name"] for e in ours}
-    return ours + [copy.deepcopy(e) for e in theirs if e.get("name") not in taken]
-
-
 def _env_defaults(env: list[dict[str, Any]], defaults: tuple[tuple[str, str], ...]) -> list[dict[str, Any]]:
     taken = {e.get("name") for e in env}
     return [{"name": name, "value": value} for name, value in defaults if name not in taken]
@@ -218,7 +212,7 @@ def build_worker_pod(
     volumes: list[dict[str, Any]] = [{"name": CONFIG_VOLUME, "configMap": {"name": config_map_name(name)}},
                                      {"name": SCRATCH_VOLUME, "emptyDir": {}}]
     mounts: list[dict[str, Any]] = [{"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True},
-                                    {"name": SCRATCH_VOLUME, "mountPath": "/tmp"}]
+                                    {"name": SCRATCH_VOLUME, "mountPath": SCRATCH_DIR}]
     ckpt = checkpoint_mount(spec)
     if ckpt:
         volumes.append(ckpt[0])
@@ -228,11 +222,13 @@ def build_worker_pod(
         shm = shm_mount(spec, defaults.shm_size)
         volumes.append(shm[0])
         mounts.append(shm[1])
-    # Admission refuses a template volume or mount named like ours (models.RESERVED_VOLUMES): nothing is dropped.
+    # Admission refuses a template volume or mount named like ours (models.RESERVED_VOLUMES), or a mount at our
+    # paths (RESERVED_MOUNT_PATHS, the checkpoint path): nothing is dropped, and the pod is valid.
     volumes += copy.deepcopy(t_spec.volumes)
     mounts += copy.deepcopy(t_container.volume_mounts)
 
-    env = _merge_env(contract_env(name), t_container.env)
+    # Admission refuses a template setting a contract variable (models.CONTRACT_ENV): nothing is dropped.
+    env = contract_env(name) + copy.deepcopy(t_container.env)
     env += _env_defaults(env, GPU_ENV_DEFAULTS if gpu else CPU_ENV_DEFAULTS)
 
     container: dict[str, Any] = {
