@@ -116,6 +116,16 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("template-mount-at-tmp", {"podTemplate": {"spec": {"volumes": [{"name": "data", "emptyDir": {}}], "containers": [
         {"volumeMounts": [{"name": "data", "mountPath": "/tmp"}]}]}}},
      "spec.podTemplate.spec.containers[0].volumeMounts"),
+    ("template-mount-of-no-volume", {"podTemplate": {"spec": {"containers": [{"volumeMounts": [
+        {"name": "data", "mountPath": "/data"}]}]}}},
+     "spec.podTemplate.spec.containers"),
+    ("template-two-volumes-by-one-name", {"podTemplate": {"spec": {"volumes": [{"name": "d", "emptyDir": {}},
+                                                                               {"name": "d", "emptyDir": {}}]}}},
+     "spec.podTemplate.spec.volumes"),
+    ("template-two-mounts-at-one-path", {"podTemplate": {"spec": {"volumes": [{"name": "d", "emptyDir": {}}],
+                                                                  "containers": [{"volumeMounts": [
+        {"name": "d", "mountPath": "/d"}, {"name": "d", "mountPath": "/d", "subPath": "x"}]}]}}},
+     "spec.podTemplate.spec.containers[0].volumeMounts"),
     ("template-mount-at-the-checkpoint-path", {"podTemplate": {"spec": {"volumes": [{"name": "d", "emptyDir": {}}],
                                                                         "containers": [{"volumeMounts": [
         {"name": "d", "mountPath": "/checkpoints"}]}]}}},

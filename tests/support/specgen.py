@@ -42,6 +42,7 @@ ODD_STRINGS = ["", "x", "with space", "ünïcödé", "a\nb", "-", "/checkpoints/
 INT64_MAX = 2**63 - 1
 RESERVED_VOLUMES: tuple[str, ...] = models.RESERVED_VOLUMES
 # Mount paths around the operator's (models.RESERVED_MOUNT_PATHS and the default checkpoint path).
+MOUNTED = "user-0"  # a template volume the mutations of volumeMounts find in the spec
 MOUNT_PATHS = [*models.RESERVED_MOUNT_PATHS, "/checkpoints", "/checkpoints/", "/tmp/x", "/etc", "/dev/shm", "/ckpt"]
 
 
@@ -271,10 +272,15 @@ class SpecGen:
                 out += [(f"an item named {n!r}", [{"name": n, "value": "x"}]) for n in models.CONTRACT_ENV]
                 out += [("a name past the env limit", [{"name": "N" * (models.ENV_NAME_MAX + 1)}]),
                         ("a name at the env limit", [{"name": "N" * models.ENV_NAME_MAX}])]
-                out += [(f"an item at {p!r}", [{"name": "data", "mountPath": p}]) for p in MOUNT_PATHS]
-                out += [("a path past the limit", [{"name": "data", "mountPath": "/" * (models.MOUNT_PATH_MAX + 1)}]),
-                        ("a numeric path", [{"name": "data", "mountPath": 1}]),
-                        ("a null path", [{"name": "data", "mountPath": None}])]
+                # (a mount of the template's volume MOUNTED, which mutated() adds, and of one that is not there)
+                out += [(f"an item at {p!r}", [{"name": MOUNTED, "mountPath": p}]) for p in MOUNT_PATHS]
+                out += [("a path past the limit", [{"name": MOUNTED, "mountPath": "/" * (models.MOUNT_PATH_MAX + 1)}]),
+                        ("a numeric path", [{"name": MOUNTED, "mountPath": 1}]),
+                        ("a null path", [{"name": MOUNTED, "mountPath": None}]),
+                        ("two items at one path", [{"name": MOUNTED, "mountPath": "/d"}, {"name": MOUNTED, "mountPath": "/d"}]),
+                        ("two items at two paths", [{"name": MOUNTED, "mountPath": "/d"}, {"name": MOUNTED, "mountPath": "/e"}]),
+                        ("an item of a volume not in the template", [{"name": "elsewhere", "mountPath": "/d"}]),
+                        ("two items by one name", [{"name": MOUNTED, "emptyDir": {}}, {"name": MOUNTED, "emptyDir": {}}])]
             elif is_model(item):
                 out += [("an item with an unknown field", [{"bogusField": 1}]), ("an empty item", [{}])]
             return out
@@ -291,6 +297,10 @@ class SpecGen:
             for k in order if sweep(probe) else order[:visits]:
                 out = self.valid_spec()
                 here = self.site(out, keys, tp, meta)
+                if keys[-1] == "volumeMounts":  # a volume for the mounts to name, as a valid template has
+                    volumes = out["podTemplate"]["spec"].setdefault("volumes", [])
+                    if not any(v.get("name") == MOUNTED for v in volumes):
+                        volumes.append({"name": MOUNTED, "emptyDir": {}})
                 valid_before = self.valid(out)  # with the parents it needed
                 what, value = kinds[k]
                 if value is _DELETE:

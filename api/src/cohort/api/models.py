@@ -58,6 +58,10 @@ def _cel_list(items: tuple[str, ...]) -> str:
 def _text(items: tuple[str, ...]) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1]
 
+
+def _unique(items: list[str]) -> bool:
+    return len(set(items)) == len(items)
+
 BUILTIN_MODELS = ("mlp", "convnet", "transformer")
 BUILTIN_DATASETS = ("digits", "synthetic-classification", "synthetic-lm", "tokens", "python-source")
 # A user entry point: an importable module path and a function name.
@@ -438,6 +442,11 @@ class TemplateContainer:
                      "(docs/contracts.md), which the operator sets in every worker: a template may not set them",
              check=lambda c: not any(e.get("name") in CONTRACT_ENV for e in c.env),
              field_path=".env"),
+        Rule(cel="self.volumeMounts.all(m, !has(m.mountPath) || "
+                 "self.volumeMounts.exists_one(n, has(n.mountPath) && n.mountPath == m.mountPath))",
+             message="two volumeMounts at one mountPath (a pod may mount one volume at a path)",
+             check=lambda c: _unique([m["mountPath"] for m in c.volume_mounts if m.get("mountPath") is not None]),
+             field_path=".volumeMounts"),
     )
 
     name: Literal["trainer"] = field("trainer", doc="The container is always named trainer.")
@@ -462,6 +471,15 @@ class TemplateSpec:
              message=f"{_text(RESERVED_VOLUMES)} are the names of the operator's "
                      "own volumes in every worker pod: name yours otherwise",
              check=lambda t: not any(v.get("name") in RESERVED_VOLUMES for v in t.volumes), field_path=".volumes"),
+        Rule(cel="self.volumes.all(v, self.volumes.exists_one(w, w.name == v.name))",
+             message="two volumes by one name (a pod's volume names are unique)",
+             check=lambda t: _unique([v["name"] for v in t.volumes]), field_path=".volumes"),
+        Rule(cel="self.containers.all(c, c.volumeMounts.all(m, self.volumes.exists(v, v.name == m.name)))",
+             message="a volumeMount of spec.podTemplate.spec.containers[0] names no volume of "
+                     "spec.podTemplate.spec.volumes (each mount names one; the operator's own are not mountable)",
+             check=lambda t: all(m["name"] in {v["name"] for v in t.volumes}
+                                 for c in t.containers for m in c.volume_mounts),
+             field_path=".containers"),
     )
 
     service_account_name: str = field("", doc="ServiceAccount of the workers (default: one the operator creates).")
