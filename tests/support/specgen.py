@@ -41,8 +41,8 @@ RESOURCE_NAMES = ["cpu", "memory", "ephemeral-storage", models.GPU_RESOURCE]
 ODD_STRINGS = ["", "x", "with space", "ünïcödé", "a\nb", "-", "/checkpoints/sub", "s3://bucket/p"]
 INT64_MAX = 2**63 - 1
 RESERVED_VOLUMES: tuple[str, ...] = models.RESERVED_VOLUMES
-# Mount paths around the operator's (models.RESERVED_MOUNT_PATHS and the default checkpoint path).
 MOUNTED = "user-0"  # a template volume the mutations of volumeMounts find in the spec
+# Mount paths around the operator's (models.RESERVED_MOUNT_PATHS and the default checkpoint path).
 MOUNT_PATHS = [*models.RESERVED_MOUNT_PATHS, "/checkpoints", "/checkpoints/", "/tmp/x", "/etc", "/dev/shm", "/ckpt"]
 
 

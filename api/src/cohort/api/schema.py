@@ -253,8 +253,8 @@ def _type_schema(tp: Any, meta: typing.Mapping[str, Any]) -> dict[str, Any]:
         (item,) = get_args(tp)
         if item is Any or meta.get("free_form"):
             item_s = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-            if _item_strings(meta):
-                item_s["properties"] = {k: {"type": "string", "maxLength": n} for k, n in _item_strings(meta).items()}
+            if declared := _item_strings(meta):
+                item_s["properties"] = {k: {"type": "string", "maxLength": n} for k, n in declared.items()}
             if meta.get("named"):
                 item_s["required"] = ["name"]
         else:
