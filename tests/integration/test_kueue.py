@@ -87,7 +87,9 @@ def test_over_quota_job_waits_with_kueues_reason_and_starts_when_quota_is_releas
     assert [w["metadata"]["uid"] for w in queue.workloads("second")] == [wl["metadata"]["uid"]]
 
     finish(cluster, namespace, "first")
-    first_wl = queue.workloads("first")[0]
+    # The operator finishes the Workload after it sees the job succeed: wait for that write.
+    first_wl = wait_for(lambda: (w := queue.workloads("first")[0]) and condition(w, "Finished") and w, 30,
+                        what="the first job's Workload Finished")
     assert condition(first_wl, "Finished")["status"] == "True" and condition(first_wl, "Finished")["reason"] == \
         "Rank0Succeeded"
     job = wait_running_with(cluster, namespace, "second", 2)
