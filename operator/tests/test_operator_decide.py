@@ -12,6 +12,7 @@ from tests.support.specs import WORKLOAD
 from cohort.api.models import TrainingJobSpec, TrainingJobStatus
 from cohort.api.schema import parse, to_dict
 from cohort.operator.decide import Decision, Inputs, decide
+from cohort.operator.decide.finish import FINISHING_GRACE_S
 from cohort.operator.lifecycle import fmt_time, get_condition
 from cohort.operator.observe import PodView
 from cohort.operator.stragglers import Straggler
@@ -170,8 +171,14 @@ def test_success_policy(policy, done, expect):
     if expect == "Succeeded":
         assert get_condition(plan.status.conditions, "Succeeded").status == "True"
         assert plan.status.progress.step == 100 and plan.status.progress.accuracy == 0.97
-        assert all(plan.delete[n] == "job Succeeded" for n in plan.delete)
         assert all(f"j-worker-{i}" not in plan.delete for i in done)
+        # A member still running gets the finishing grace to exit on its own (its log stays), then goes.
+        running_members = {f"j-worker-{i}" for i in (0, 1)} - {f"j-worker-{i}" for i in done}
+        assert not running_members & set(plan.delete)
+        assert plan.requeue_after == (pytest.approx(FINISHING_GRACE_S) if running_members else None)
+        later = run(pods, spec={"runPolicy": {"successPolicy": policy}}, status=plan.status, w=world(1, 0, 1),
+                    now=NOW + dt.timedelta(seconds=FINISHING_GRACE_S + 0.1))
+        assert later.delete == {n: "job Succeeded" for n in running_members}
     else:
         assert plan.world is None and plan.create == []  # completing: membership frozen
 

@@ -175,7 +175,8 @@ def test_success_policy_then_ttl_cleans_up(cluster, namespace, operator, policy)
     assert condition(job, "Succeeded")["reason"] == ("Rank0Succeeded" if policy == "rank0" else "AllWorkersSucceeded")
     assert st["progress"]["step"] == 120 and st["progress"]["accuracy"] == 0.96
     assert st["progress"]["percent"] == 100.0 and st["progress"]["etaSeconds"] == 0
-    # Running pods and the spare are deleted; finished pods stay for their logs until the TTL.
+    # The spare is deleted, a running member after the finishing grace (here the 3 s TTL comes first);
+    # finished pods stay for their logs until the TTL.
     wait_for(lambda: all(p.status.phase == "Succeeded" for p in pods(cluster, namespace, "done")), 10,
              what="only finished pods left")
     wait_event(cluster, namespace, "done", "Succeeded")

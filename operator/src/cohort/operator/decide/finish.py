@@ -13,12 +13,27 @@ from ..world import World
 from .decision import Decision, Inputs
 from .status import apply_progress, fill_counts
 
+FINISHING_GRACE_S = 10.0
+"""How long a member still running when its job Succeeded may take to exit on its own before it is deleted.
+Every member trains to the same last step, so it is at most a save or an exit behind rank 0; one that exits
+keeps its log and its termination message, one that is deleted loses both."""
+
 
 def finished(observed: Inputs, decision: Decision) -> None:
-    """A finished job only cleans up its pods, and deletes itself after ttlSecondsAfterFinished."""
+    """A finished job only cleans up its pods, and deletes itself after ttlSecondsAfterFinished.
+
+    A failed job's pods go at once. A succeeded job's spares go at once, and its members still running get
+    :data:`FINISHING_GRACE_S` from the completion time to exit on their own."""
     status = decision.status
+    members = set(observed.world.names) if status.phase == "Succeeded" else set()
+    done_at = parse_time(status.completion_time)
+    grace_left = seconds_until(done_at, observed.now) + FINISHING_GRACE_S if done_at else 0.0
     for view in observed.pods:
-        if view.owned and view.active:
+        if not (view.owned and view.active):
+            continue
+        if view.name in members and grace_left > 0:
+            decision.requeue(grace_left)
+        else:
             decision.remove(view, f"job {status.phase}")
     expire_after_ttl(observed.spec.run_policy.ttl_seconds_after_finished, observed.now, decision)
     status.replicas.active = 0
