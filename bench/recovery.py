@@ -36,6 +36,12 @@ Each cell is the mean [min-max] over the kills.
   lighthouse with ``min_replicas`` 3 and its other settings as shipped; the
   killed replica is restarted at once by this script (torchft leaves restarts
   to the scheduler) and heals from a peer. Its survivors keep training at 3.
+
+Unless ``--no-cluster``: after each kill's round, the same job on the local
+cluster's real nodes (the operator, 4 worker containers and a spare) twice,
+interleaved: with the operator acting on survivors' reports (the default), and
+restarted with ``--ignore-reports``, where the killed worker leaves the world
+only once its kubelet reports the container dead. Each row says which it was.
 """
 
 from __future__ import annotations
@@ -115,21 +121,24 @@ def _ts(value: str) -> float:
     return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=None).timestamp() - time.timezone
 
 
-def cluster_once(kill_step: int, steps: int, run: int) -> tuple[float, int]:
-    """One job on the local cluster's real nodes (cluster and operator started by hack/ scripts):
-    seconds from the kill to the slowest rank's first step of the next world (4 ranks: the spare), steps lost."""
+def cluster_once(kill_step: int, steps: int, run: int, reports: bool) -> tuple[float, int, str]:
+    """One job on the local cluster's real nodes (cluster and operator started by hack/ scripts): seconds from
+    the kill to the slowest rank's first step of the next world (4 ranks: the spare), steps lost, and what took
+    the killed worker out of the world (its peers' report, checked, or its kubelet's). ``reports``: the operator
+    acts on survivors' reports (docs/contracts.md §3); off, it is restarted with --ignore-reports."""
     from kubernetes import client, config
 
     sys.path.insert(0, str(REPO / "hack"))
     import demo  # make demo's helpers: its CRD install
     import podlogs
 
-    env = {**os.environ, "COHORT_OPERATOR_ARGS": os.environ.get(
-        "COHORT_OPERATOR_ARGS", "--namespace cohort-demo --namespace cohort-bench --progress-seconds 1 "
-                                "--resync-seconds 10")}
+    args = os.environ.get("COHORT_OPERATOR_ARGS", "--namespace cohort-demo --namespace cohort-bench "
+                                                  "--progress-seconds 1 --resync-seconds 10")
+    env = {**os.environ, "COHORT_OPERATOR_ARGS": args + ("" if reports else " --ignore-reports")}
     kubeconfig = subprocess.run([str(REPO / "hack/cluster.sh"), "up"], check=True, capture_output=True,
                                 text=True, env=env).stdout.strip().splitlines()[-1]
     env["KUBECONFIG"] = kubeconfig
+    subprocess.run([str(REPO / "hack/operator.sh"), "down"], check=True, capture_output=True, env=env)
     subprocess.run([str(REPO / "hack/operator.sh"), "up"], check=True, capture_output=True, env=env)
     api = config.new_client_from_config(kubeconfig)
     demo.apply_crds(api)  # as make demo does: the CRD from crds/, created or replaced
@@ -168,8 +177,11 @@ def cluster_once(kill_step: int, steps: int, run: int) -> tuple[float, int]:
                 and r.get("world_version") == min(x.get("world_version", 0) for x in records
                                                   if x["msg"] == "joined world" and x["t"] > t_kill))
     resumed = min(r["step"] for r in records if r["msg"] == "joined world" and r["t"] > t_kill)
+    killed = next(r["pod"] for r in records if r["msg"] == "fault injection: SIGKILL self")
+    events = core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
+    lost = [e.message for e in events if e.reason == "WorkerLost" and killed in e.message]
     custom.delete_namespaced_custom_object("cohort.dev", "v1alpha1", ns, "trainingjobs", name)
-    return first - t_kill, max(0, kill_step - resumed)
+    return first - t_kill, max(0, kill_step - resumed), "report" if any("unreachable" in m for m in lost) else "kubelet"
 
 
 def torchrun_once(tmp: Path, workers: int, kill_step: int, steps: int, every: int, port: int) -> dict:
@@ -312,7 +324,8 @@ def main() -> None:
             print(f"kill {i + 1}/{args.kills} at step {s}: {name}: {r['total']:.3f} s, {r['lost']} lost",
                   file=sys.stderr, flush=True)
         if not args.no_cluster:
-            cluster_rows.append((s, *cluster_once(s, max(args.steps, 3 * s), i)))
+            for reports in (True, False):  # interleaved, so both see the same host
+                cluster_rows.append((s, reports, *cluster_once(s, max(args.steps, 3 * s), i, reports)))
     print(f"{args.workers} ranks, MLP on digits, gloo/CPU; {args.kills} kills (rank 2, SIGKILL, steps "
           f"{', '.join(str(110 + 7 * i) for i in range(args.kills))}); started {started}; ended {host()}")
     print("Every system ends back at 4 ranks; each cell: mean [min-max] over the kills, seconds.\n")
@@ -332,12 +345,14 @@ def main() -> None:
     if cluster_rows:
         print("\nOn the local Kubernetes cluster (operator, real nodes: containers, 4 workers + 1 spare "
               "promoted at once; kill → slowest rank's first step of the new world):")
-        print("| kill at step | recovery (s) | steps lost |")
-        print("|---|---|---|")
-        for s, secs, lost in cluster_rows:
-            print(f"| {s} | {secs:.3f} | {lost} |")
-        print(f"| mean | **{statistics.mean(r[1] for r in cluster_rows):.3f}** | "
-              f"{statistics.mean(r[2] for r in cluster_rows):.1f} |")
+        print("| kill at step | operator | recovery (s) | steps lost | the killed worker left on |")
+        print("|---|---|---|---|---|")
+        for s, reports, secs, lost, cause in cluster_rows:
+            print(f"| {s} | {'reports' if reports else '--ignore-reports'} | {secs:.3f} | {lost} | {cause} |")
+        for reports in (True, False):
+            rows = [r for r in cluster_rows if r[1] == reports]
+            print(f"| mean | {'reports' if reports else '--ignore-reports'} | "
+                  f"**{cell([r[2] for r in rows])}** | {statistics.mean(r[3] for r in rows):.1f} | |")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,10 @@ KWOK_PORT=${COHORT_KWOK_PORT:-10347}
 KWOK_NODES=${COHORT_KWOK_NODES:-2}
 KWOK_NODE_GPUS=${COHORT_KWOK_NODE_GPUS:-8}
 API_IP=10.87.0.1  # where pods reach the API server (hack/nodes.sh makes the interface)
+# kwok's pods take addresses here, made local to this machine (as root): nothing listens on them, so a
+# connection is refused at once, and a test can listen on one to play a live worker (tests/integration/
+# test_operator_reports.py). Elsewhere (kwok's default) a connection would only time out.
+KWOK_POD_CIDR=${COHORT_KWOK_POD_CIDR:-10.89.0.0/16}
 K8S_BIN="$BIN_CACHE/kubernetes-$K8S_VERSION"
 ETCD_BIN="$BIN_CACHE/etcd-$ETCD_VERSION/etcd"
 KWOK_BIN="$BIN_CACHE/kwok-$KWOK_VERSION/kwok"
@@ -169,9 +173,14 @@ up() {
   start kube-scheduler "$K8S_BIN/kube-scheduler" --kubeconfig "$PKI/scheduler.kubeconfig" \
     --authentication-kubeconfig "$PKI/scheduler.kubeconfig" --authorization-kubeconfig "$PKI/scheduler.kubeconfig" \
     --bind-address 127.0.0.1 --secure-port "$SCHEDULER_PORT" --leader-elect=false --profiling=false
+  if [[ $EUID == 0 ]]; then
+    ip route replace local "$KWOK_POD_CIDR" dev lo
+  else
+    log "not root: kwok's pod addresses ($KWOK_POD_CIDR) are not made local"
+  fi
   start kwok "$KWOK_BIN" --kubeconfig "$PKI/kwok.kubeconfig" --manage-all-nodes=false \
     --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake --server-address "127.0.0.1:$KWOK_PORT" \
-    --node-lease-duration-seconds 40 --config "$HACK_DIR/kwok/stages.yaml"
+    --node-lease-duration-seconds 40 --cidr "$KWOK_POD_CIDR" --config "$HACK_DIR/kwok/stages.yaml"
   wait_for kube-controller-manager 60 curl -skf "https://127.0.0.1:$KCM_PORT/healthz"
   wait_for kube-scheduler 60 curl -skf "https://127.0.0.1:$SCHEDULER_PORT/healthz"
   wait_for kwok 60 curl -sf "http://127.0.0.1:$KWOK_PORT/healthz"
@@ -195,6 +204,7 @@ down_all() {
     [[ " ${COMPONENTS[*]} " == *" $c "* ]] || stop_pidfile "$f"
   done
   for ((c = ${#COMPONENTS[@]} - 1; c >= 0; c--)); do stop_pidfile "$PIDS/${COMPONENTS[$c]}.pid"; done
+  [[ $EUID != 0 ]] || ip route del local "$KWOK_POD_CIDR" dev lo 2>/dev/null || true
   rm -rf "$CLUSTER_DIR/etcd"
 }
 

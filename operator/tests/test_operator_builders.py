@@ -335,7 +335,11 @@ def test_service_pdb_rbac_and_world_map():
     sa, role, binding = build_worker_rbac(job, spec)
     assert sa["kind"] == "ServiceAccount"
     assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["digits-world"],
-                              "verbs": ["get", "watch", "list"]}]
+                              "verbs": ["get", "watch", "list"]},
+                             {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["digits-reports"],
+                              "verbs": ["patch"]}]  # a survivor's report (reports.py), nothing else writable
+    before, _after = owned_objects(job, spec)
+    assert [o["metadata"]["name"] for o in before if o["kind"] == "ConfigMap"] == ["digits-config", "digits-reports"]
     assert binding["subjects"][0]["name"] == "digits-worker"
     for obj in (svc, pdb, sa, role, binding):
         assert obj["metadata"]["ownerReferences"][0]["controller"] is True

@@ -137,6 +137,23 @@ def test_spare_is_promoted_immediately():
     assert "SparePromoted" in reasons(plan)
 
 
+def test_an_unreachable_member_leaves_at_once_and_its_failure_is_counted_when_seen():
+    """Its peers reported a failed collective and nothing listens on its port (reports.py): it leaves the
+    world before its kubelet says anything, a spare takes its rank, and it is never admitted again."""
+    gone = "nothing listens on 10.0.0.1:9400"
+    pods = [pod(0), pod(1, unreachable=gone), pod(2)]
+    plan = run(pods, spec={"replicas": {"spares": 1}}, status=running(1, 0, 1, 2), w=world(1, 0, 1, spares=(2,)))
+    assert plan.world.names == ["j-worker-0", "j-worker-2"] and plan.world.version == 2
+    assert "is unreachable" in plan.world.reason
+    assert any(e.reason == "WorkerLost" and gone in e.message for e in plan.events)
+    assert "j-worker-1" not in plan.delete and plan.status.restarts == 0  # its kubelet reports it
+    again = run(pods, spec={"replicas": {"spares": 1}}, status=plan.status, w=plan.world)
+    assert again.world is None or "j-worker-1" not in again.world.names + [m.pod for m in again.world.spares]
+    failed = run([pod(0), pod(1, failed=True, ready=False, phase="Failed", unreachable=gone), pod(2)],
+                 spec={"replicas": {"spares": 1}}, status=plan.status, w=plan.world)
+    assert failed.status.restarts == 1 and "j-worker-1" in failed.delete
+
+
 def test_too_many_restarts_fails_the_job():
     error = json.dumps({"error": "workload.dataset: no files match '*.txt' under /data/missing"})
     plan = run([pod(0), pod(1, failed=True, ready=False, phase="Failed", exit_code=2, reason="Error", message=error)],

@@ -48,7 +48,7 @@ MAX_TEMPLATE_ENV = 256
 # The worker contract's environment (docs/contracts.md §2), set by the operator in every worker. A template
 # setting one would point a worker elsewhere (another job's world, another config), so admission refuses it.
 CONTRACT_ENV: tuple[str, ...] = ("COHORT_CONFIG", "COHORT_JOB_NAME", "COHORT_NAMESPACE", "COHORT_POD_NAME",
-                                 "COHORT_POD_IP", "COHORT_METRICS_PORT", "COHORT_WORLD")
+                                 "COHORT_POD_IP", "COHORT_METRICS_PORT", "COHORT_WORLD", "COHORT_REPORTS")
 
 
 def _cel_list(items: tuple[str, ...]) -> str:

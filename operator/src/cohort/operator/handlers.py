@@ -5,7 +5,8 @@
 - an event on a pod labelled ``cohort.dev/job`` updates the ``pods_by_job``
   index (the reconciler's view of the pods) and enqueues that job;
 - the deletion of a ConfigMap or Service the job owns enqueues the job,
-  which recreates it;
+  which recreates it; a survivor's report in the reports ConfigMap starts a check of
+  its world's members (reports.py);
 - where Kueue is installed, any change to a job's Workload (admitted,
   evicted, replaced) enqueues the job.
 
@@ -29,7 +30,7 @@ from cohort.api.models import GROUP, PLURAL, VERSION
 from .jobstate import fingerprint
 from .kubeapi import load_configuration
 from .kueue import WORKLOAD
-from .naming import LABEL_JOB, LABEL_OPERATOR
+from .naming import LABEL_JOB, LABEL_OPERATOR, REPORT_KEY, reports_map_name
 from .observe import trim_pod
 from .reconciler import Reconciler
 from .workqueue import NORMAL, URGENT
@@ -147,10 +148,12 @@ def build_registry(rec: Reconciler, *, kueue: bool = False) -> kopf.OperatorRegi
         args = ("v1", plural) if not group else (group, version, plural)
 
         async def owned_event(*, type: str, namespace: str | None, name: str, labels: Mapping[str, str],
-                        _kind: str = kind, **_: Any) -> None:
+                              body: kopf.Body, _kind: str = kind, **_: Any) -> None:
             job = labels.get(LABEL_JOB)
             if job and type == "DELETED":
                 rec.object_deleted((namespace or "", job), _kind, name)
+            elif job and type == "MODIFIED" and _kind == "ConfigMap" and name == reports_map_name(job):
+                rec.peer_reported((namespace or "", job), (body.get("data") or {}).get(REPORT_KEY))
 
         kopf.on.event(*args, id=f"owned-{plural}", registry=registry)(owned_event)
 

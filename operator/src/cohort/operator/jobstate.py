@@ -47,6 +47,8 @@ class JobMemory:
     cooldown_until: float = 0.0
     probe_after: dict[str, float] = dataclasses.field(default_factory=dict)  # pod -> next probe (monotonic)
     probe_failures: dict[str, int] = dataclasses.field(default_factory=dict)
+    unreachable: dict[str, str] = dataclasses.field(default_factory=dict)  # pod -> evidence (reports.py)
+    report_checked: tuple[int, float] = (0, 0.0)  # world version, monotonic time of the last check
     lock: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
 
     def reset_for_new_uid(self, uid: str) -> None:

@@ -23,6 +23,7 @@ from .naming import (
     WORLD_KEY,
     config_map_name,
     object_meta,
+    reports_map_name,
     selector_labels,
     service_name,
     worker_account_name,
@@ -93,6 +94,15 @@ def build_world_map(job: dict[str, Any], world: World) -> dict[str, Any]:
     }
 
 
+def build_reports_map(job: dict[str, Any]) -> dict[str, Any]:
+    """Empty until a member's collective fails (reports.py); workers may patch it and nothing else."""
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": object_meta(job, reports_map_name(job["metadata"]["name"]), "reports"),
+        "data": {},
+    }
+
+
 def build_pdb(job: dict[str, Any], spec: TrainingJobSpec) -> dict[str, Any]:
     name = job["metadata"]["name"]
     return {
@@ -116,7 +126,7 @@ def build_network_policy(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_worker_rbac(job: dict[str, Any], spec: TrainingJobSpec) -> list[dict[str, Any]]:
-    """Read-only access to this job's world ConfigMap, and nothing else.
+    """Read access to this job's world ConfigMap and patch access to its reports ConfigMap, nothing else.
 
     When the podTemplate names its own ServiceAccount, the Role is bound to it
     and no ServiceAccount is created.
@@ -131,7 +141,9 @@ def build_worker_rbac(job: dict[str, Any], spec: TrainingJobSpec) -> list[dict[s
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
         "metadata": object_meta(job, account, "worker"),
         "rules": [{"apiGroups": [""], "resources": ["configmaps"],
-                   "resourceNames": [world_map_name(name)], "verbs": ["get", "watch", "list"]}],
+                   "resourceNames": [world_map_name(name)], "verbs": ["get", "watch", "list"]},
+                  {"apiGroups": [""], "resources": ["configmaps"],
+                   "resourceNames": [reports_map_name(name)], "verbs": ["patch"]}],
     })
     out.append({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
@@ -153,7 +165,7 @@ def owned_objects(job: dict[str, Any], spec: TrainingJobSpec, *, network_policy:
     comes first: a worker must never be reachable without it.
     """
     rbac = build_worker_rbac(job, spec)
-    before = [build_config_map(job)] + [o for o in rbac if o["kind"] == "ServiceAccount"]
+    before = [build_config_map(job), build_reports_map(job)] + [o for o in rbac if o["kind"] == "ServiceAccount"]
     if network_policy:
         before.append(build_network_policy(job))
     after = [build_service(job)] + [o for o in rbac if o["kind"] != "ServiceAccount"] + [build_pdb(job, spec)]

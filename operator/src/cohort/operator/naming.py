@@ -31,6 +31,7 @@ ANNOTATION_INDEX = "cohort.dev/index"
 
 CONFIG_KEY = "job.json"
 WORLD_KEY = "world.json"
+REPORT_KEY = "report.json"  # the last survivor's report in the reports ConfigMap (docs/contracts.md §3)
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
 
 _POD_NAME = re.compile(r"^(?P<job>.+)-worker-(?P<index>\d+)$")
@@ -52,6 +53,11 @@ def config_map_name(job: str) -> str:
 
 def world_map_name(job: str) -> str:
     return f"{job}-world"
+
+
+def reports_map_name(job: str) -> str:
+    """The ConfigMap a member writes to when its collective failed (the one object workers may patch)."""
+    return f"{job}-reports"
 
 
 def service_name(job: str) -> str:

@@ -33,6 +33,7 @@ class PodView:
     reason: str = ""
     message: str = ""  # the trainer's termination message (JSON by contract)
     replaces: str = ""
+    unreachable: str = ""  # why its peers' report was confirmed: nothing listens on its port (reports.py)
 
     @property
     def active(self) -> bool:
@@ -42,7 +43,7 @@ class PodView:
     @property
     def admissible(self) -> bool:
         """May be a member or a spare."""
-        return self.active and self.ready
+        return self.active and self.ready and not self.unreachable
 
     def describe_exit(self) -> str:
         parts = []
@@ -148,6 +149,10 @@ def trim_pod(pod: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def view_pods(pods: Iterable[dict[str, Any]], job_uid: str) -> list[PodView]:
-    """Views sorted by ordinal (oldest first)."""
-    return sorted((view_pod(p, job_uid) for p in pods), key=lambda v: (v.index, v.name))
+def view_pods(pods: Iterable[dict[str, Any]], job_uid: str, unreachable: dict[str, str] | None = None) -> list[PodView]:
+    """Views sorted by ordinal (oldest first); ``unreachable``: pod -> the evidence its peers' report was checked by."""
+    views = (view_pod(p, job_uid) for p in pods)
+    if unreachable:
+        views = (dataclasses.replace(v, unreachable=unreachable[v.name]) if v.name in unreachable else v
+                 for v in views)
+    return sorted(views, key=lambda v: (v.index, v.name))

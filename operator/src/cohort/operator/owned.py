@@ -50,7 +50,7 @@ class OwnedObjects:
         todo = []
         for obj in objects:
             ident = (obj["kind"], obj["metadata"]["name"])
-            if obj["kind"] == "ConfigMap":
+            if obj["kind"] == "ConfigMap" and CONFIG_KEY in obj["data"]:
                 text = obj["data"][CONFIG_KEY]
                 if ident in mem.ensured and text == mem.config_text:
                     continue

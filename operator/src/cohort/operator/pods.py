@@ -48,6 +48,7 @@ from .naming import (
     config_map_name,
     owner_reference,
     pod_name,
+    reports_map_name,
     worker_account_name,
     worker_labels,
     world_map_name,
@@ -127,6 +128,7 @@ def contract_env(job_name: str) -> list[dict[str, Any]]:
         {"name": "COHORT_POD_IP", **_downward("status.podIP")},
         {"name": "COHORT_METRICS_PORT", "value": str(METRICS_PORT)},
         {"name": "COHORT_WORLD", "value": f"configmap:{world_map_name(job_name)}"},
+        {"name": "COHORT_REPORTS", "value": f"configmap:{reports_map_name(job_name)}"},
     ]
 
 

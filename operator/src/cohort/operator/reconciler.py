@@ -53,13 +53,14 @@ from .manifests import (
     owned_objects,
 )
 from .metrics import OperatorMetrics
-from .naming import LABEL_JOB, WORLD_KEY, job_path, world_map_name
+from .naming import LABEL_JOB, METRICS_PORT, WORLD_KEY, job_path, world_map_name
 from .observe import view_pods
 from .owned import OwnedObjects
 from .pods import build_worker_pod
 from .queueing import Queues
+from .reports import Report, confirmed, parse_report, unreachable
 from .settings import Settings
-from .workqueue import BACKGROUND, WorkQueue
+from .workqueue import BACKGROUND, URGENT, WorkQueue
 from .world import Member, World
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ UNWATCHED_KINDS = (SERVICE_ACCOUNT, ROLE, ROLE_BINDING, PDB)
 UNWATCHED_NAMES = {k.kind for k in (*UNWATCHED_KINDS, NETWORK_POLICY)}
 # How long our own pod creations/deletions are trusted over a pod index that does not show them yet.
 EXPECTATION_S = 30.0
+REPORT_RECHECK_S = 1.0  # survivors' reports of one world checked at most this often
 
 
 class Reconciler:
@@ -84,6 +86,7 @@ class Reconciler:
         self.owned = OwnedObjects(kube, settings, recorder)
         self.executor = Executor(kube, settings, metrics, recorder, self.queue, self.owned)
         self.queues = Queues(kube, metrics, recorder)
+        self._checks: set[asyncio.Task[None]] = set()  # survivors' reports being checked
 
     # --- triggers (called by the kopf handlers) ------------------------------
     def memory(self, key: JobKey) -> JobMemory:
@@ -91,6 +94,36 @@ class Reconciler:
         if mem is None:
             mem = self.jobs[key] = JobMemory(key=key)
         return mem
+
+    def peer_reported(self, key: JobKey, text: str | None) -> None:
+        """A member's collective failed (reports.py): check that world's members, apart from the event
+        handler; at most one check a second per world version."""
+        mem = self.jobs.get(key)
+        report = parse_report(text)
+        if self.settings.ignore_reports or mem is None or report is None or report.version != mem.world.version or not mem.world.members:
+            return
+        now = time.monotonic()
+        if mem.report_checked[0] == report.version and now - mem.report_checked[1] < REPORT_RECHECK_S:
+            return
+        mem.report_checked = (report.version, now)
+        task = asyncio.get_running_loop().create_task(self._check_report(mem, report))
+        self._checks.add(task)
+        task.add_done_callback(self._checks.discard)
+
+    async def _check_report(self, mem: JobMemory, report: Report) -> None:
+        world = mem.world
+        found = await unreachable(world.members, METRICS_PORT)
+        gone = confirmed(found, report.pod)
+        if found and not gone:
+            log.warning("%s/%s: the reporter %s itself looks unreachable (%s): the operator cannot reach the "
+                        "workers' port, so the check proves nothing", mem.key[0], mem.key[1], report.pod,
+                        found[report.pod])
+        log.info("%s/%s: %s reported a failed collective in world v%d (%s): %s", mem.key[0], mem.key[1],
+                 report.pod, report.version, report.error,
+                 "; ".join(f"{pod}: {why}" for pod, why in gone.items()) or "every member answers")
+        if gone and mem.world.version == world.version:
+            mem.unreachable.update(gone)
+            self.queue.add(mem.key, URGENT)
 
     def job_deleted(self, key: JobKey) -> None:
         self.jobs.pop(key, None)
@@ -214,7 +247,10 @@ class Reconciler:
         except BaseException:
             prerequisites.cancel()
             raise
-        inputs = Inputs(job=job, spec=spec, status=mem.status, world=mem.world, pods=view_pods(pods, mem.uid),
+        names = {(p.get("metadata") or {}).get("name") for p in pods}
+        mem.unreachable = {pod: why for pod, why in mem.unreachable.items() if pod in names}
+        inputs = Inputs(job=job, spec=spec, status=mem.status, world=mem.world,
+                        pods=view_pods(pods, mem.uid, mem.unreachable),
                         now=now, straggler=mem.verdict, progress=mem.progress, admission=admission)
         decision = decide(inputs)
         # The Service, RBAC and PDB wait for a reconcile that creates no pod:

@@ -66,6 +66,10 @@ class Settings:
     included) no longer holds its job's Kueue quota: a pod stuck Terminating on a dead node would hold it for good."""
     log_level: str = "INFO"
     """Python logging level."""
+    ignore_reports: bool = False
+    """Leave survivors' reports of a failed collective unchecked (docs/contracts.md §3): a dead worker then
+    leaves the world when its kubelet reports it, as before reports. For comparison, or where this operator
+    cannot connect to the workers' metrics port."""
     network_policy: bool = False
     """Give each job a NetworkPolicy that admits, on any port, only that job's own worker pods. The chart turns
     it on with networkPolicy.enabled; its namespace policy admits the operator and Prometheus to the metrics port."""
@@ -104,6 +108,7 @@ OPTIONS: tuple[tuple[str, str, str, type], ...] = (
     ("discovery_s", "--discovery-seconds", "COHORT_DISCOVERY_SECONDS", float),
     ("stuck_terminating_s", "--stuck-terminating-seconds", "COHORT_STUCK_TERMINATING_SECONDS", float),
     ("log_level", "--log-level", "COHORT_LOG_LEVEL", str),
+    ("ignore_reports", "--ignore-reports", "COHORT_IGNORE_REPORTS", bool),
     ("network_policy", "--network-policy", "COHORT_NETWORK_POLICY", bool),
 )
 

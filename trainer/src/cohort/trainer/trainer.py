@@ -174,8 +174,9 @@ class Trainer:
             self.worlds.wait_newer(seen, timeout_s=0.5)
 
     def _newer_world_arrives(self, world: World, error: Exception) -> bool:
-        log.warning("collective failed; waiting for the next world",
-                    extra={"version": world.version, "error": str(error).splitlines()[0][:300]})
+        first_line = (str(error).splitlines() or [type(error).__name__])[0][:300]
+        log.warning("collective failed; waiting for the next world", extra={"version": world.version, "error": first_line})
+        self.worlds.report_failure(world.version, first_line)  # the operator checks who is gone (reports.py)
         deadline = time.monotonic() + float(os.environ.get("COHORT_RECOVERY_WAIT_S", "120"))
         while (left := deadline - time.monotonic()) > 0:
             if STOP_REQUESTED.is_set():  # SIGTERM while waiting: leave now, not when the wait runs out

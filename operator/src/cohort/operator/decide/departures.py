@@ -63,12 +63,19 @@ def failures(observed: Inputs, decision: Decision, ours: list[PodView], world: W
 
 
 def lost_members(decision: Decision, world: World, by_name: dict[str, PodView], departures: Departures) -> None:
-    """Members deleted, or no longer Ready, leave the world."""
+    """Members deleted, unreachable (their peers said so and the operator checked), or no longer Ready,
+    leave the world."""
     for m in world.members:
         member = by_name.get(m.pod)
         if member is None or member.terminating:
             departures.lose(m.pod, "was deleted")
             decision.event("WorkerLost", f"Worker {m.pod} (rank {world.rank_of(m.pod)}) was deleted", warning=True)
+        elif member.active and member.unreachable:
+            # Its peers' collective failed and nothing listens on its port: gone, though its kubelet
+            # has not said so yet (it counts as a failure once its pod is seen Failed).
+            departures.lose(m.pod, "is unreachable")
+            decision.event("WorkerLost", f"Worker {m.pod} (rank {world.rank_of(m.pod)}) is unreachable: "
+                           f"{member.unreachable}", warning=True)
         elif member.active and not member.ready:
             departures.lose(m.pod, "is no longer Ready")
             decision.event("WorkerLost", f"Worker {m.pod} (rank {world.rank_of(m.pod)}) is no longer Ready",

@@ -33,6 +33,7 @@ from ..paths import map_path
 
 log = get_logger(__name__)
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+REPORT_KEY = "report.json"
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,10 @@ class WorldSource:
         threading.Thread(target=self._run, name="world-source", daemon=True).start()
         return self
 
+    def report_failure(self, version: int, error: str) -> None:
+        """Tell the authority that a collective of world ``version`` failed here (it checks who is gone).
+        Only the operator takes reports; the local launcher sees its processes end at once."""
+
     def _run(self) -> None:  # pragma: no cover - overridden
         pass
 
@@ -148,11 +153,12 @@ class FileWorld(WorldSource):
 
 
 class ConfigMapWorld(WorldSource):
-    """Watches one ConfigMap (key ``world.json``) with the pod's service-account token."""
+    """Watches one ConfigMap (key ``world.json``) with the pod's service-account token; reports a failed
+    collective by patching another (``reports``, key ``report.json``: docs/contracts.md §3)."""
 
-    def __init__(self, namespace: str, name: str):
+    def __init__(self, namespace: str, name: str, pod: str = "", reports: str = ""):
         super().__init__()
-        self.namespace, self.name = namespace, name
+        self.namespace, self.name, self.pod, self.reports = namespace, name, pod, reports
         host = os.environ.get("KUBERNETES_SERVICE_HOST", "")
         port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
         self.base = f"https://{host}:{port}" if ":" not in host else f"https://[{host}]:{port}"
@@ -167,6 +173,25 @@ class ConfigMapWorld(WorldSource):
             token = f.read().strip()
         req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
         return urllib.request.urlopen(req, context=self.ctx, timeout=timeout)
+
+    def report_failure(self, version: int, error: str) -> None:
+        if self.reports:  # off the training thread: the survivor goes on waiting for the next world
+            threading.Thread(target=self._patch_report, args=(version, error), name="report", daemon=True).start()
+
+    def _patch_report(self, version: int, error: str) -> None:
+        report = {"pod": self.pod, "version": version, "at": time.time(), "error": error[:300]}
+        body = json.dumps({"data": {REPORT_KEY: json.dumps(report)}}).encode()
+        with open(self.token_path) as f:
+            token = f.read().strip()
+        req = urllib.request.Request(f"{self.base}/api/v1/namespaces/{self.namespace}/configmaps/{self.reports}",
+                                     data=body, method="PATCH", headers={
+                                         "Authorization": f"Bearer {token}",
+                                         "Content-Type": "application/merge-patch+json"})
+        try:
+            with urllib.request.urlopen(req, context=self.ctx, timeout=5):
+                log.info("reported the failed collective", extra={"version": version})
+        except (OSError, urllib.error.URLError) as e:  # the kubelet still tells the operator, only later
+            log.warning("could not report the failed collective", extra={"error": str(e)})
 
     def _take(self, cm: dict[str, Any]) -> None:
         text = (cm.get("data") or {}).get("world.json")
@@ -199,7 +224,9 @@ class ConfigMapWorld(WorldSource):
 def world_source_from_env(env: dict[str, str], namespace: str, pod: str) -> WorldSource:
     spec = env.get("COHORT_WORLD", "")
     if spec.startswith("configmap:"):
-        return ConfigMapWorld(namespace, spec.split(":", 1)[1]).start()
+        reports = env.get("COHORT_REPORTS", "")
+        return ConfigMapWorld(namespace, spec.split(":", 1)[1], pod,
+                              reports.split(":", 1)[1] if reports.startswith("configmap:") else "").start()
     if spec.startswith("file:"):
         return FileWorld(spec.split(":", 1)[1]).start()
     if spec:

@@ -1,0 +1,78 @@
+"""Survivors' reports: a member whose collective failed says so, and the operator checks who is gone.
+
+Without them, a member that dies leaves the world only when its kubelet notices the dead container
+(it relists about once a second), reports the pod Failed and the operator sees that: most of a
+recovery on real nodes. Its peers know sooner, because their collective failed. Each writes
+``{"pod", "version", "at", "error"}`` under ``report.json`` in the job's ``<job>-reports`` ConfigMap
+(the one object workers may patch; docs/contracts.md §3), and the watch brings it here.
+
+A report is a reason to look, not evidence: a worker could be wrong or lying. The operator connects to
+the metrics port of every member of the reported world. A refused connection (the pod's network is there
+and nothing listens: the trainer process is gone) or an unreachable address is evidence, and that member
+leaves the world at once (decide.departures). A timeout is not: a busy process may answer late, and the
+kubelet or the trainer's own timeouts settle that case; so does a check that finds the reporter itself
+gone (then the operator is what cannot connect). The pod itself is left for its kubelet to report,
+so its failure is counted (faultTolerance.maxRestarts) when it is seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import errno
+import json
+import logging
+from collections.abc import Iterable
+
+from .world import Member
+
+log = logging.getLogger(__name__)
+CONNECT_TIMEOUT_S = 0.5
+NO_ROUTE = (errno.EHOSTUNREACH, errno.ENETUNREACH)
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    pod: str
+    version: int
+    at: float = 0.0
+    error: str = ""
+
+
+def parse_report(text: str | None) -> Report | None:
+    """The report in the ConfigMap's ``report.json``; None if absent or not one (it is workers' input)."""
+    if not text:
+        return None
+    try:
+        raw = json.loads(text)
+        return Report(pod=str(raw["pod"]), version=int(raw["version"]), at=float(raw.get("at") or 0.0),
+                      error=str(raw.get("error") or "")[:300])
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def confirmed(gone: dict[str, str], reporter: str) -> dict[str, str]:
+    """What a check found, unless it found the reporter gone: it wrote a moment ago, so then it is this
+    operator that cannot reach the workers' port (a policy that rejects rather than drops), and nothing
+    it found is evidence."""
+    return {} if reporter in gone else gone
+
+
+async def unreachable(members: Iterable[Member], port: int, timeout_s: float = CONNECT_TIMEOUT_S) -> dict[str, str]:
+    """The members that are certainly gone, each with its evidence (all are tried at once)."""
+    members = [m for m in members if m.ip]
+    found = await asyncio.gather(*(_gone(m.ip, port, timeout_s) for m in members))
+    return {m.pod: why for m, why in zip(members, found, strict=True) if why}
+
+
+async def _gone(ip: str, port: int, timeout_s: float) -> str:
+    try:
+        _reader, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), timeout_s)
+    except ConnectionRefusedError:
+        return f"nothing listens on {ip}:{port}"
+    except OSError as e:
+        return f"{ip} is unreachable ({e.strerror})" if e.errno in NO_ROUTE else ""
+    except asyncio.TimeoutError:
+        return ""
+    writer.close()
+    return ""

@@ -1,0 +1,84 @@
+"""A survivor's report (docs/contracts.md §3, operator/reports.py) on the local cluster: the real API server,
+RBAC and operator; kwok pods whose addresses are local to this machine (hack/cluster.sh), where the test
+listens on a port to play a live worker, and nothing listens for a dead one."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import time
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from tests.support.kube import Cluster, wait_for
+from tests.support.operator import (  # noqa: F401  (operator_fixture is the ``operator`` fixture)
+    job_manifest,
+    operator_fixture,
+    pods,
+    terminate,
+    world,
+)
+
+pytestmark = pytest.mark.k8s
+METRICS_PORT = 9400
+
+
+def as_worker(cluster: Cluster, namespace: str, job: str) -> client.CoreV1Api:
+    """The job's workers' own identity: its ServiceAccount."""
+    api = client.ApiClient(cluster.api.configuration)
+    api.set_default_header("Impersonate-User", f"system:serviceaccount:{namespace}:{job}-worker")
+    api.set_default_header("Impersonate-Group", "system:serviceaccounts")
+    return client.CoreV1Api(api)
+
+
+def report(worker: client.CoreV1Api, namespace: str, job: str, pod: str, version: int) -> None:
+    """What the trainer writes when its collective failed (runtime/world.py), as a JSON merge patch."""
+    text = json.dumps({"pod": pod, "version": version, "at": time.time(), "error": "Connection closed by peer"})
+    worker.patch_namespaced_config_map(f"{job}-reports", namespace, {"data": {"report.json": text}},
+                                       _content_type="application/merge-patch+json")
+
+
+@contextlib.contextmanager
+def listening(ip: str):
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((ip, METRICS_PORT))
+        s.listen()
+        yield
+
+
+def test_a_reported_member_leaves_the_world_only_when_nothing_listens_on_its_port(cluster, namespace, operator):
+    cluster.create_job(namespace, job_manifest("rep", replicas={"spares": 1},
+                                               faultTolerance={"backoffSeconds": 30, "maxBackoffSeconds": 30}))
+    w = wait_for(lambda: (lambda w: w if w["spares"] else None)(world(cluster, namespace, "rep")), 20,
+                 what="a world with a spare")
+    (rank0, ip0), (rank1, ip1) = [(m["pod"], m["ip"]) for m in w["members"]]
+    spare = w["spares"][0]["pod"]
+    worker = as_worker(cluster, namespace, "rep")
+    # The workers may patch the reports ConfigMap, and not their world.
+    with pytest.raises(ApiException) as refused:
+        worker.patch_namespaced_config_map("rep-world", namespace, {"data": {"world.json": "{}"}})
+    assert refused.value.status == 403
+
+    with listening(ip0):
+        with listening(ip1):
+            report(worker, namespace, "rep", rank0, w["version"])
+            time.sleep(2)  # checked within ~0.1 s: every member answers, so a report alone changes nothing
+            assert world(cluster, namespace, "rep")["version"] == w["version"]
+        # Rank 1's trainer is gone (its port closed); its pod is still Running as far as its kubelet said.
+        report(worker, namespace, "rep", rank0, w["version"])
+        after = wait_for(lambda: (lambda x: x if x["version"] > w["version"] else None)(world(cluster, namespace, "rep")),
+                         5, 0.05, what="the next world")
+    assert [m["pod"] for m in after["members"]] == [rank0, spare]
+    assert "unreachable" in after["reason"], after["reason"]
+    lost = [e.message for e in cluster.events(namespace, "rep") if e.reason == "WorkerLost"]
+    assert lost == [f"Worker {rank1} (rank 1) is unreachable: nothing listens on {ip1}:{METRICS_PORT}"], lost
+    # Not deleted and not yet counted: its kubelet reports it, and then it counts as a failure.
+    job = cluster.get_job(namespace, "rep")
+    assert job["status"]["restarts"] == 0
+    assert rank1 in [p.metadata.name for p in pods(cluster, namespace, "rep") if not p.metadata.deletion_timestamp]
+    terminate(cluster, namespace, rank1, 137)
+    wait_for(lambda: cluster.get_job(namespace, "rep")["status"]["restarts"] == 1, 10, what="the failure counted")
