@@ -375,9 +375,12 @@ def test_least_privilege_worker_service_account(cluster, release):
     ns = release["namespace"]
     wait_for(lambda: cluster.core.read_namespaced_service_account(f"{JOB}-worker", ns), 30,
              what="the worker ServiceAccount (created by the operator for the job)")
-    world = {"name": f"{JOB}-world"}
-    allowed = [("get", "configmaps", world), ("watch", "configmaps", world), ("list", "configmaps", world)]
+    world, reports = {"name": f"{JOB}-world"}, {"name": f"{JOB}-reports"}
+    allowed = [("get", "configmaps", world), ("watch", "configmaps", world), ("list", "configmaps", world),
+               ("patch", "configmaps", reports)]  # a survivor's report (docs/contracts.md §3)
     denied = [
+        ("get", "configmaps", reports), ("update", "configmaps", reports), ("delete", "configmaps", reports),
+        ("patch", "configmaps", {"name": "other-reports"}),
         ("get", "configmaps", {"name": f"{JOB}-config"}), ("get", "configmaps", {"name": "other-world"}),
         ("list", "configmaps", {}), ("watch", "configmaps", {}),
         ("patch", "configmaps", world), ("update", "configmaps", world), ("delete", "configmaps", world),
