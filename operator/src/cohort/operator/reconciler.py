@@ -100,8 +100,10 @@ class Reconciler:
         handler; at most one check a second per world version."""
         mem = self.jobs.get(key)
         report = parse_report(text)
-        if self.settings.ignore_reports or mem is None or report is None or report.version != mem.world.version or not mem.world.members:
+        if self.settings.ignore_reports or mem is None or report is None:
             return
+        if report.version != mem.world.version or not mem.world.members:
+            return  # a report about a world already replaced: its change is under way
         now = time.monotonic()
         if mem.report_checked[0] == report.version and now - mem.report_checked[1] < REPORT_RECHECK_S:
             return
