@@ -115,9 +115,20 @@ NODE
   done | "${KUBECTL[@]}" apply -f - >/dev/null
 }
 
+# kwok's pod range made local (see KWOK_POD_CIDR). Only the cluster that made the route removes it: another
+# cluster on this machine may share it (`ip route add` fails if the route exists, and then this one does not own it).
+kwok_route() {
+  if [[ $EUID != 0 ]]; then
+    log "not root: kwok's pod addresses ($KWOK_POD_CIDR) are not made local"
+  elif ip route add local "$KWOK_POD_CIDR" dev lo 2>/dev/null; then
+    touch "$CLUSTER_DIR/kwok-route"
+  fi
+}
+
 up() {
   if healthy; then
     log "reusing the healthy cluster in $CLUSTER_DIR"
+    kwok_route
     [[ $REAL_NODES == 0 ]] || "$HACK_DIR/nodes.sh" images || exit 1
     echo "$KUBECONFIG_PATH"
     return 0
@@ -173,11 +184,7 @@ up() {
   start kube-scheduler "$K8S_BIN/kube-scheduler" --kubeconfig "$PKI/scheduler.kubeconfig" \
     --authentication-kubeconfig "$PKI/scheduler.kubeconfig" --authorization-kubeconfig "$PKI/scheduler.kubeconfig" \
     --bind-address 127.0.0.1 --secure-port "$SCHEDULER_PORT" --leader-elect=false --profiling=false
-  if [[ $EUID == 0 ]]; then
-    ip route replace local "$KWOK_POD_CIDR" dev lo
-  else
-    log "not root: kwok's pod addresses ($KWOK_POD_CIDR) are not made local"
-  fi
+  kwok_route
   start kwok "$KWOK_BIN" --kubeconfig "$PKI/kwok.kubeconfig" --manage-all-nodes=false \
     --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake --server-address "127.0.0.1:$KWOK_PORT" \
     --node-lease-duration-seconds 40 --cidr "$KWOK_POD_CIDR" --config "$HACK_DIR/kwok/stages.yaml"
@@ -204,7 +211,10 @@ down_all() {
     [[ " ${COMPONENTS[*]} " == *" $c "* ]] || stop_pidfile "$f"
   done
   for ((c = ${#COMPONENTS[@]} - 1; c >= 0; c--)); do stop_pidfile "$PIDS/${COMPONENTS[$c]}.pid"; done
-  [[ $EUID != 0 ]] || ip route del local "$KWOK_POD_CIDR" dev lo 2>/dev/null || true
+  if [[ -e $CLUSTER_DIR/kwok-route ]]; then
+    ip route del local "$KWOK_POD_CIDR" dev lo 2>/dev/null || true
+    rm -f "$CLUSTER_DIR/kwok-route"
+  fi
   rm -rf "$CLUSTER_DIR/etcd"
 }
 

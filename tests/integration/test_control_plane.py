@@ -103,9 +103,16 @@ def _second_cluster_env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, **base}
 
 
+def _kwok_route() -> bool:
+    """hack/cluster.sh's local route for kwok's pod addresses (made as root)."""
+    table = subprocess.run(["ip", "route", "show", "table", "local"], capture_output=True, text=True).stdout
+    return "local 10.89.0.0/16 dev lo" in table
+
+
 @pytest.mark.slow
 def test_cluster_down_leaves_no_process_and_up_reuses(tmp_path):
     env = _second_cluster_env(tmp_path)
+    route_before = _kwok_route()  # the session's cluster made it, if one is up
     up = subprocess.run([str(REPO / "hack/cluster.sh"), "up"], env=env, capture_output=True, text=True)
     assert up.returncode == 0, up.stderr
     pids_dir = tmp_path / "cluster/pids"
@@ -118,6 +125,9 @@ def test_cluster_down_leaves_no_process_and_up_reuses(tmp_path):
     alive = [name for name, pid in pids.items() if Path(f"/proc/{pid}").exists()
              and Path(f"/proc/{pid}/status").read_text().find("zombie") < 0]
     assert alive == [], f"still running after cluster-down: {alive}"
+    # A second cluster shares kwok's pod range and leaves its route as it found it: a clean-clone run once
+    # lost the session cluster's route here, and a later test could not listen on a kwok pod's address.
+    assert _kwok_route() == route_before
 
 
 def test_cluster_up_names_the_component_whose_port_is_taken(tmp_path):

@@ -45,7 +45,11 @@ def report(worker: client.CoreV1Api, namespace: str, job: str, pod: str, version
 def listening(ip: str):
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((ip, METRICS_PORT))
+        try:
+            s.bind((ip, METRICS_PORT))
+        except OSError as e:
+            pytest.fail(f"cannot listen on the kwok pod address {ip}: {e}; hack/cluster.sh makes kwok's pod "
+                        "range local when run as root (ip route show table local)")
         s.listen()
         yield
 
