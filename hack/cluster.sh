@@ -25,9 +25,9 @@ KWOK_PORT=${COHORT_KWOK_PORT:-10347}
 KWOK_NODES=${COHORT_KWOK_NODES:-2}
 KWOK_NODE_GPUS=${COHORT_KWOK_NODE_GPUS:-8}
 API_IP=10.87.0.1  # where pods reach the API server (hack/nodes.sh makes the interface)
-# kwok's pods take addresses here, made local to this machine (as root): nothing listens on them, so a
-# connection is refused at once, and a test can listen on one to play a live worker (tests/integration/
-# test_operator_reports.py). Elsewhere (kwok's default) a connection would only time out.
+# kwok's pods take addresses here, made local to this machine (as root, kwok_route): nothing listens on them, so
+# a connection is refused at once, and a test can listen on one to play a live worker
+# (tests/integration/test_survivor_reports.py). Elsewhere (kwok's default) a connection would only time out.
 KWOK_POD_CIDR=${COHORT_KWOK_POD_CIDR:-10.89.0.0/16}
 K8S_BIN="$BIN_CACHE/kubernetes-$K8S_VERSION"
 ETCD_BIN="$BIN_CACHE/etcd-$ETCD_VERSION/etcd"
@@ -115,8 +115,8 @@ NODE
   done | "${KUBECTL[@]}" apply -f - >/dev/null
 }
 
-# kwok's pod range made local (see KWOK_POD_CIDR). Only the cluster that made the route removes it: another
-# cluster on this machine may share it (`ip route add` fails if the route exists, and then this one does not own it).
+# Only the cluster that made the route removes it: another cluster on this machine may share it
+# (`ip route add` fails if the route exists, and then this one does not own it).
 kwok_route() {
   if [[ $EUID != 0 ]]; then
     log "not root: kwok's pod addresses ($KWOK_POD_CIDR) are not made local"
