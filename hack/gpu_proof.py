@@ -708,9 +708,11 @@ def phase_recovery(ph: Phase) -> None:
     ph.record(workers=workers, kill=env["COHORT_FAULT_KILL"], checkpoint_every=every, max_steps=steps,
               env=env, nccl_env_user={k: v for k, v in os.environ.items() if k.startswith("NCCL_")})
     ph.record(nccl_pair=nccl_pair(ph, min(45.0, ph.left() / 4)))
+    # NCCL's kernels spin on a dead peer: the survivors' collective fails when the job's collective
+    # timeout runs out (calm steps only; TORCH_NCCL_ASYNC_ERROR_HANDLING=2 keeps their processes).
     doc = manifest("proof-recovery", small_lm(ph.smoke, steps),
                    replicas={"min": 1, "max": workers, "target": workers},
-                   checkpoint={"everySteps": every, "keep": 3})
+                   checkpoint={"everySteps": every, "keep": 3}, faultTolerance={"collectiveTimeoutSeconds": 2})
     ck = ph.dir / "checkpoints"
     restore_reserve = 30 if ph.smoke else 45
     res = run_cohort(ph, "kill", doc, workers, min(120.0, ph.left() - restore_reserve), env=env, checkpoint_dir=ck)

@@ -320,6 +320,12 @@ class FaultTolerance:
     backoff_seconds: int = field(10, minimum=0, doc="Initial delay before a failed worker is replaced; doubles each time.")
     max_backoff_seconds: int = field(300, minimum=0, doc="Cap on the exponential backoff.")
     below_min_timeout_seconds: int = field(300, minimum=1, doc="Fail the job after this long with fewer than replicas.min Ready workers.")
+    collective_timeout_seconds: float = field(
+        0, minimum=0,
+        doc="How long a collective of a training step may wait for its peers before the step fails and the "
+            "worker reports the failure (a peer that died without closing its connections, or a hung one). "
+            "0: automatic, 10 s plus 3x the median step time. The first steps of a world and the steps around "
+            "an evaluation or a checkpoint save use the process group's timeout instead.")
 
 
 @dataclass

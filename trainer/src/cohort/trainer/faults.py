@@ -5,6 +5,10 @@ holds rank R computes F times slower, for the rest of its life.
 ``COHORT_FAULT_KILL=rank=R,step=S``: at step S the process holding rank R
 SIGKILLs itself; ``rank=all``: every process does (a whole job lost at once,
 at a known step, as the kill-every-worker tests need).
+``COHORT_FAULT_HANG=rank=R,step=S,seconds=T``: at step S the process holding rank R
+stops for T seconds (default 30) without closing its connections, then SIGKILLs
+itself: a peer lost silently, as on a lost node, or as a dead NCCL peer looks to
+the others (their collective waits instead of raising).
 ``COHORT_FAULT_PARTIAL=rank=R,step=S``: at step S the process holding rank R
 behaves as if its gradients' allreduce failed after writing part of its
 result, as NCCL's can: the first half of every gradient is overwritten and
@@ -62,6 +66,9 @@ class Faults:
     slow_step: int = 0
     kill_rank: int = -1
     kill_step: int = 0
+    hang_rank: int = -1
+    hang_step: int = 0
+    hang_seconds: float = 30.0
     oom_rank: int = -1
     oom_step: int = 0
     oom_mb: int = 4096
@@ -81,6 +88,10 @@ class Faults:
         if env.get("COHORT_FAULT_KILL"):
             p = _parse(env["COHORT_FAULT_KILL"], "COHORT_FAULT_KILL")
             f.kill_rank, f.kill_step = int(p["rank"]), int(p.get("step", 0))
+        if env.get("COHORT_FAULT_HANG"):
+            p = _parse(env["COHORT_FAULT_HANG"], "COHORT_FAULT_HANG")
+            f.hang_rank, f.hang_step = int(p["rank"]), int(p.get("step", 0))
+            f.hang_seconds = p.get("seconds", 30.0)
         if env.get("COHORT_FAULT_PARTIAL"):
             p = _parse(env["COHORT_FAULT_PARTIAL"], "COHORT_FAULT_PARTIAL")
             f.partial_rank, f.partial_step = int(p["rank"]), int(p.get("step", 0))
@@ -101,6 +112,12 @@ class Faults:
         if _targets(self.kill_rank, rank) and step == self.kill_step and crossing(self.kill_step):
             log.warning("fault injection: SIGKILL self", extra={"step": step, "t": time.time()})
             logging.shutdown()
+            die()
+        if _targets(self.hang_rank, rank) and step == self.hang_step and crossing(self.hang_step):
+            log.warning("fault injection: hanging, then SIGKILL self",
+                        extra={"step": step, "seconds": self.hang_seconds, "t": time.time()})
+            logging.shutdown()
+            time.sleep(self.hang_seconds)
             die()
         if _targets(self.oom_rank, rank) and step == self.oom_step and crossing(self.oom_step):
             log.warning("fault injection: allocating memory", extra={"step": step, "mb": self.oom_mb})

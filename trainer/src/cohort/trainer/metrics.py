@@ -60,6 +60,8 @@ class WorkerMetrics:
         self.checkpoints = Counter("cohort_checkpoints", "Checkpoints committed", registry=r)
         self.world_size = Gauge("cohort_world_size", "Ranks in the current world", registry=r)
         self.world_version = Gauge("cohort_world_version", "Version of the current world", registry=r)
+        self.collective_timeout = Gauge("cohort_collective_timeout_seconds", "How long the collectives now queued "
+                                        "may wait for a peer before they fail", registry=r)
         self.rank = Gauge("cohort_rank", "This process's rank (-1: not a member)", registry=r)
         self.recoveries = Counter("cohort_recoveries", "World changes survived", ["source"], registry=r)
         self.recovery_seconds = Histogram("cohort_recovery_seconds", "Leaving the old world to first new step",

@@ -27,6 +27,8 @@ from cohort.api.jobconfig import JobConfig
 
 from . import log as logmod
 from .checkpoint import Checkpointer
+from .checkpoint_schedule import CheckpointSchedule
+from .collective_timeout import CollectiveTimeout
 from .commit import CommitGate
 from .faults import Faults
 from .ledger import HealthyPace, TimeLedger
@@ -37,7 +39,7 @@ from .parallel.base import Plan, PlanContext
 from .parallel.registry import PARALLELISMS
 from .paths import map_path
 from .runtime.device import backend_for, peak_memory_bytes, select_device
-from .runtime.process_group import Rendezvous, Superseded, pod_ip
+from .runtime.process_group import Rendezvous, Superseded, pod_ip, set_collective_timeout
 from .runtime.world import StaticWorld, World, world_source_from_env
 from .sampler import ElasticSampler
 from .state import TrainState
@@ -112,13 +114,16 @@ class Trainer:
         self.ckpt = Checkpointer(map_path(ck_root), self.spec.checkpoint.keep, self.spec.checkpoint.async_,
                                  self.metrics, display_root=ck_root)
         self.ckpt.check_writable()
-        self.last_ckpt_time = time.monotonic()
-        self.last_saved_step = -1
+        self.schedule = CheckpointSchedule(self.spec.checkpoint, self.device)
 
         self.worlds = world_source_from_env(env, cfg.namespace, self.pod)
         self.static = isinstance(self.worlds, StaticWorld)
         self.rdzv = Rendezvous(self.ip, cfg.rendezvous_port, timeout_s=float(env.get("COHORT_PG_TIMEOUT_S", "60")),
                                device=self.device)
+        sync = self.spec.sync
+        self.timeouts = CollectiveTimeout(self.spec.fault_tolerance.collective_timeout_seconds, self.rdzv.timeout_s,
+                                          steps_per_sync=sync.period if sync.algorithm != "allreduce" else 1)
+        self.armed_timeout_s: float | None = None  # what the groups' collectives get now; None: unknown
         self.plan: Plan | None = None
         self.world: World | None = None
         self.rank = -1
@@ -175,7 +180,8 @@ class Trainer:
 
     def _newer_world_arrives(self, world: World, error: Exception) -> bool:
         first_line = (str(error).splitlines() or [type(error).__name__])[0][:300]
-        log.warning("collective failed; waiting for the next world", extra={"version": world.version, "error": first_line})
+        log.warning("collective failed; waiting for the next world",
+                    extra={"version": world.version, "error": first_line, "t": time.time()})
         self.worlds.report_failure(world.version, first_line)  # the operator checks who is gone (reports.py)
         deadline = time.monotonic() + float(os.environ.get("COHORT_RECOVERY_WAIT_S", "120"))
         while (left := deadline - time.monotonic()) > 0:
@@ -192,14 +198,19 @@ class Trainer:
         self.world, self.rank = world, rank
         logmod.context.update(rank=rank, world_version=world.version)
         self.metrics.update_progress(state="recovering" if self.joined else "joining")
+        self.armed_timeout_s = self.rdzv.timeout_s  # a group this process forms starts with it
         if self.static:  # torchrun-style: the environment's group (unless the caller formed one)
-            if not dist.is_initialized():
+            if dist.is_initialized():
+                self.armed_timeout_s = None  # the caller's: set at the first step
+            else:
                 dist.init_process_group(backend_for(self.device),
                                         timeout=datetime.timedelta(seconds=self.rdzv.timeout_s),
                                         device_id=self.device if self.device.type == "cuda" else None)
         else:
             self.rdzv.join(world, rank, is_newer=lambda: self._latest_version() > world.version)
         log.info("process group formed", extra={"size": world.size, "t": time.time()})
+        if self.armed_timeout_s is not None:
+            self.metrics.collective_timeout.set(self.armed_timeout_s)
         self.plan = PARALLELISMS[self.spec.parallelism.strategy](
             PlanContext(self.spec, rank, world.size, self.stats, model=self.pristine, device=self.device))
         self.sampler.batch_size = self.plan.batch_size
@@ -306,6 +317,7 @@ class Trainer:
         self.metrics.update_progress(state="training", worldVersion=world.version, rank=self.rank)
         self.clock.restart()
         self.pace.new_world(size)
+        self.timeouts.new_world()
         while not self._done():
             if STOP_REQUESTED.is_set():
                 self._checkpoint_on_stop()
@@ -316,13 +328,25 @@ class Trainer:
                 raise WorldChanged()
             if self.sampler.epoch_done(size):
                 self._end_epoch()
+                self.timeouts.after(plain=False)
                 continue
+            self._arm_timeout(self.timeouts.for_next_step(self.clock.step_median()))
             self._step(size)
             every = self.spec.workload.eval_every_steps
-            if every and self.state.step % every == 0 and not self._done():  # the final evaluation follows
+            evaluated = bool(every and self.state.step % every == 0 and not self._done())  # the final one follows
+            if evaluated:
                 self.evaluate()
-            self._maybe_checkpoint()
+            saved = self._maybe_checkpoint()
+            self.timeouts.after(plain=not evaluated and not saved)
             self.clock.record(self.last_wall)
+
+    def _arm_timeout(self, seconds: float) -> None:
+        """Give the next collectives ``seconds`` to complete (collective_timeout.py)."""
+        if seconds == self.armed_timeout_s or not dist.is_initialized():
+            return
+        set_collective_timeout(seconds)
+        self.armed_timeout_s = seconds
+        self.metrics.collective_timeout.set(seconds)
 
     def _step(self, size: int) -> None:
         assert self.plan is not None
@@ -449,6 +473,7 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         """Collective evaluation: each rank scores its shard of the eval set; sums are all-reduced."""
         assert self.plan is not None
+        self._arm_timeout(self.timeouts.long_s)  # ranks evaluate at their own pace before the collectives
         with self.ledger.during("evaluation"):
             return self._evaluate()
 
@@ -482,22 +507,22 @@ class Trainer:
         log.info("evaluated", extra={"step": self.state.step, "epoch": self.sampler.epoch, **self.eval_result})
         return self.eval_result
 
-    def _maybe_checkpoint(self, final: bool = False) -> None:
-        c = self.spec.checkpoint
-        enabled = c.every_steps > 0 or c.every_seconds > 0
-        due = (c.every_steps > 0 and self.state.step % c.every_steps == 0) or \
-            (c.every_seconds > 0 and time.monotonic() - self.last_ckpt_time >= c.every_seconds) or \
-            (final and enabled)  # the trained model is kept too
-        if not due or self.plan is None or self.state.step == self.last_saved_step:
-            return
-        self.last_ckpt_time = time.monotonic()
-        self.last_saved_step = self.state.step
+    def _maybe_checkpoint(self, final: bool = False) -> bool:
+        """Save if one is due (checkpoint_schedule.py); True if one was, on any rank (rank 0 saves a
+        replicated plan alone)."""
+        if self.plan is None:
+            return False
+        agree = not final and dist.is_initialized() and dist.get_world_size() > 1
+        if not self.schedule.due(self.state.step, final, agree):
+            return False
+        self._arm_timeout(self.timeouts.long_s)  # the others wait in the next step while it saves
         if self.plan.replicated and self.rank != 0:
-            return
+            return True
         meta = {"worldSize": self.world.size if self.world else 1, "plan": self.plan.describe()}
         with self.ledger.during("checkpoint"):
             self.ckpt.save(self.state.step, self.state.checkpoint_state(), meta, coordinator=self.rank == 0,
                            sharded=not self.plan.replicated, group=self.plan.checkpoint_group)
+        return True
 
     def _excluded(self) -> bool:
         """The newest world leaves this worker out (suspend, eviction, scale-down, replacement)."""
@@ -511,11 +536,11 @@ class Trainer:
         collective save while the pods are going away: they keep their newest periodic checkpoint."""
         if self.plan is None or not self.plan.replicated or self.rank != 0:
             return
-        before = self.last_saved_step
+        before = self.schedule.last_step
         self._maybe_checkpoint(final=True)
         with self.ledger.during("checkpoint"):
             self.ckpt.wait()
-        if self.last_saved_step != before:
+        if self.schedule.last_step != before:
             log.info("checkpointed on leaving", extra={"step": self.state.step})
 
     def _finish(self) -> dict[str, Any]:

@@ -141,6 +141,19 @@ class Rendezvous:
             log.warning("leaving the process group failed", extra={"error": str(e)})
 
 
+def set_collective_timeout(seconds: float) -> None:
+    """How long the next collectives of every process group may wait before they fail.
+
+    ``_set_pg_timeout`` (private torch API, wrapped here only) sets the default timeout of a group's
+    gloo and NCCL backends; an operation takes it when it is queued, so one already waiting keeps the old.
+    Every group is set, the sub-groups of a device mesh too. Checked by trainer/tests/test_collective_timeout.py.
+    """
+    c10d = dist.distributed_c10d
+    timeout = datetime.timedelta(seconds=seconds)
+    for group in list(c10d._world.pg_map):
+        c10d._set_pg_timeout(timeout, group)
+
+
 def uses_nccl() -> bool:
     """The default group has NCCL communicators (a GPU worker's cpu:gloo,cuda:nccl)."""
     if not dist.is_nccl_available() or not dist.is_initialized():

@@ -166,13 +166,19 @@ class ConfigMapWorld(WorldSource):
         self.token_path = os.path.join(sa_dir, "token")
         self.ctx = ssl.create_default_context(cafile=os.path.join(sa_dir, "ca.crt"))
 
-    def _request(self, query: dict[str, str], timeout: float) -> Any:
-        url = (f"{self.base}/api/v1/namespaces/{self.namespace}/configmaps?"
-               + urllib.parse.urlencode({"fieldSelector": f"metadata.name={self.name}", **query}))
+    def _open(self, path: str, timeout: float, body: bytes | None = None, content_type: str = "") -> Any:
+        """One API request with the pod's service-account token (read each time: the kubelet rotates it)."""
         with open(self.token_path) as f:
-            token = f.read().strip()
-        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+            headers = {"Authorization": f"Bearer {f.read().strip()}"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        req = urllib.request.Request(f"{self.base}/api/v1/namespaces/{self.namespace}/configmaps{path}", data=body,
+                                     method="PATCH" if body is not None else "GET", headers=headers)
         return urllib.request.urlopen(req, context=self.ctx, timeout=timeout)
+
+    def _request(self, query: dict[str, str], timeout: float) -> Any:
+        return self._open("?" + urllib.parse.urlencode({"fieldSelector": f"metadata.name={self.name}", **query}),
+                          timeout)
 
     def report_failure(self, version: int, error: str) -> None:
         if self.reports:  # off the training thread: the survivor goes on waiting for the next world
@@ -181,14 +187,8 @@ class ConfigMapWorld(WorldSource):
     def _patch_report(self, version: int, error: str) -> None:
         report = {"pod": self.pod, "version": version, "at": time.time(), "error": error[:300]}
         body = json.dumps({"data": {REPORT_KEY: json.dumps(report)}}).encode()
-        with open(self.token_path) as f:
-            token = f.read().strip()
-        req = urllib.request.Request(f"{self.base}/api/v1/namespaces/{self.namespace}/configmaps/{self.reports}",
-                                     data=body, method="PATCH", headers={
-                                         "Authorization": f"Bearer {token}",
-                                         "Content-Type": "application/merge-patch+json"})
         try:
-            with urllib.request.urlopen(req, context=self.ctx, timeout=5):
+            with self._open(f"/{self.reports}", 5, body, "application/merge-patch+json"):
                 log.info("reported the failed collective", extra={"version": version})
         except (OSError, urllib.error.URLError) as e:  # the kubelet still tells the operator, only later
             log.warning("could not report the failed collective", extra={"error": str(e)})

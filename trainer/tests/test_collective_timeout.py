@@ -1,0 +1,108 @@
+"""A collective whose peer never comes fails within the job's collective timeout (collective_timeout.py).
+
+Four parts: the rule that picks each step's timeout; the private torch call that sets it, on two real
+gloo ranks (a peer that never joins the collective: the waiting rank raises after the timeout, not the
+group's minute); and the whole trainer under the local launcher, where rank 1 hangs at a known step without
+closing its connections (``COHORT_FAULT_HANG``) and dies 12 s later: the survivors' collective fails
+within the 2 s timeout plus slack, and the job goes on without losing a step. Without the timeout
+(``_arm_timeout`` never setting one) they wait until the hung process dies, 12 s. And the time-based
+checkpoint decision the rule depends on, which the ranks now agree on: without it, a sharded plan's
+ranks saved at different steps and committed checkpoints missing a rank's shards.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from gloo_ranks import run_ranks
+from tests.support.local import manifest, run_local
+
+from cohort.trainer.collective_timeout import AUTO_FACTOR, AUTO_MARGIN_S, CALM_AFTER, CollectiveTimeout
+from cohort.trainer.runtime.process_group import set_collective_timeout
+
+
+def test_only_calm_steps_get_the_short_timeout():
+    t = CollectiveTimeout(configured_s=2.0, group_s=60.0)
+    t.new_world()
+    picks = []
+    for plain in [True] * CALM_AFTER + [True, False, True, True, True]:
+        picks.append(t.for_next_step(0.05))
+        t.after(plain)
+    # the first CALM_AFTER steps of a world, and CALM_AFTER steps after an evaluation or a save: the long one
+    assert picks == [60.0] * CALM_AFTER + [2.0, 2.0, 60.0, 60.0, 2.0]
+    t.new_world()
+    assert t.for_next_step(0.05) == 60.0
+
+
+def test_automatic_timeout_follows_the_step_time_and_the_sync_period():
+    t = CollectiveTimeout(configured_s=0.0, group_s=60.0, plain_steps=CALM_AFTER)
+    assert t.for_next_step(None) == 60.0  # no median yet: the group's timeout
+    assert t.for_next_step(0.5) == pytest.approx(AUTO_MARGIN_S + AUTO_FACTOR * 0.5)
+    assert t.for_next_step(100.0) == 60.0  # never longer than the group's own
+    local_sgd = CollectiveTimeout(configured_s=0.0, group_s=600.0, steps_per_sync=8, plain_steps=CALM_AFTER)
+    assert local_sgd.for_next_step(0.5) == pytest.approx(AUTO_MARGIN_S + AUTO_FACTOR * 0.5 * 8)
+    longer = CollectiveTimeout(configured_s=90.0, group_s=60.0)
+    assert longer.long_s == 90.0  # a configured timeout above the group's raises the long one too
+
+
+def _wait_for_a_peer_that_is_late(rank: int, world: int) -> dict[str, object]:
+    t = torch.ones(4)
+    dist.all_reduce(t)  # connected
+    set_collective_timeout(1.0)
+    if rank == 1:
+        time.sleep(4)  # never there in time, connections open
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(t)
+        return {"raised": False, "after": time.monotonic() - t0}
+    except RuntimeError as e:
+        return {"raised": True, "after": time.monotonic() - t0, "error": str(e).splitlines()[0]}
+
+
+@pytest.mark.dist
+def test_a_collective_fails_after_the_timeout_set_on_the_group():
+    waiting, late = run_ranks(_wait_for_a_peer_that_is_late, 2, timeout_s=60)
+    assert waiting["raised"], waiting
+    assert 0.9 <= waiting["after"] < 3.0, waiting  # the group's own timeout is 60 s
+    assert late["raised"], late  # the late one finds the group gone
+
+
+@pytest.mark.dist
+def test_a_silently_lost_peer_is_detected_within_the_collective_timeout(tmp_path):
+    m = manifest("hang", faultTolerance={"collectiveTimeoutSeconds": 2}, checkpoint={"everySteps": 0},
+                 workload={"epochs": 0, "maxSteps": 60})
+    s = run_local(tmp_path, m, workers=3, env={"COHORT_FAULT_HANG": "rank=1,step=30,seconds=12"})
+    assert s["step"] == 60, s
+    logs = {p.stem: [json.loads(line) for line in p.read_text().splitlines() if line.startswith("{")]
+            for p in (tmp_path / "run").glob("*.log")}
+    hung = [e for e in logs["hang-worker-1"] if e.get("msg") == "fault injection: hanging, then SIGKILL self"]
+    assert hung, "the fault did not fire"
+    for pod in ("hang-worker-0", "hang-worker-2"):
+        failed = [e for e in logs[pod] if e.get("msg") == "collective failed; waiting for the next world"]
+        assert failed, f"{pod} never saw its collective fail"
+        detected = failed[0]["t"] - hung[0]["t"]
+        assert detected < 2 + 2.5, f"{pod} waited {detected:.1f}s for the hung peer (timeout 2 s, the hang 12 s)"
+        joined = [e for e in logs[pod] if e.get("msg") == "joined world"]
+        assert joined[1]["step"] == 30 and joined[1]["source"] == "peer", joined  # 0 steps lost
+
+
+@pytest.mark.dist
+def test_time_based_checkpoints_of_a_sharded_plan_are_taken_together(tmp_path):
+    """checkpoint.everySeconds is agreed by the ranks (``Trainer._due_by_seconds``): a sharded save is a
+    collective, and ranks whose clocks started apart would otherwise enter it at different steps (one rank
+    in the save's collectives, the other in the next step's) and hang or fail."""
+    m = manifest("secs", parallelism={"strategy": "fsdp"}, checkpoint={"everySteps": 0, "everySeconds": 1},
+                 workload={"epochs": 0, "maxSteps": 800})
+    ck = tmp_path / "ck"
+    s = run_local(tmp_path, m, workers=2, ckpt=ck, timeout=150)
+    assert s["step"] == 800, s
+    saved = sorted(p.parent for p in (ck / "secs").glob("step-*/COMMITTED"))
+    assert len(saved) == 3 and saved[-1].name == "step-00000800", saved  # keep: 3, the last the final one
+    for step in saved:  # without the agreement: rank 0's shard in one step's directory, rank 1's in another's
+        shards = sorted(p.name.split("_")[2] for p in step.glob("__*_*.distcp"))
+        assert shards == ["0", "1"], f"{step.name} holds the shards of ranks {shards}"
+
