@@ -22,6 +22,7 @@ from gloo_ranks import run_ranks
 from tests.support.local import manifest, run_local
 
 from cohort.trainer.collective_timeout import AUTO_FACTOR, AUTO_MARGIN_S, CALM_AFTER, CollectiveTimeout
+from cohort.trainer.runtime.device import NCCL_ERROR_HANDLING, keep_process_on_nccl_errors
 from cohort.trainer.runtime.process_group import set_collective_timeout
 
 
@@ -106,3 +107,13 @@ def test_time_based_checkpoints_of_a_sharded_plan_are_taken_together(tmp_path):
         shards = sorted(p.name.split("_")[2] for p in step.glob("__*_*.distcp"))
         assert shards == ["0", "1"], f"{step.name} holds the shards of ranks {shards}"
 
+
+def test_an_elastic_gpu_worker_keeps_its_process_when_nccl_fails():
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    env: dict[str, str] = {}
+    assert keep_process_on_nccl_errors(gpu, True, env) and env == {NCCL_ERROR_HANDLING: "2"}
+    mine = {NCCL_ERROR_HANDLING: "1"}
+    assert not keep_process_on_nccl_errors(gpu, True, mine) and mine[NCCL_ERROR_HANDLING] == "1"  # the job's wins
+    for device, elastic in ((gpu, False), (cpu, True)):  # torchrun-style, or no NCCL: torch's default stays
+        env = {}
+        assert not keep_process_on_nccl_errors(device, elastic, env) and env == {}

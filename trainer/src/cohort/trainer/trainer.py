@@ -38,7 +38,13 @@ from .optim import build_optimizer, lr_at
 from .parallel.base import Plan, PlanContext
 from .parallel.registry import PARALLELISMS
 from .paths import map_path
-from .runtime.device import backend_for, peak_memory_bytes, select_device
+from .runtime.device import (
+    NCCL_ERROR_HANDLING,
+    backend_for,
+    keep_process_on_nccl_errors,
+    peak_memory_bytes,
+    select_device,
+)
 from .runtime.process_group import Rendezvous, Superseded, pod_ip, set_collective_timeout
 from .runtime.world import StaticWorld, World, world_source_from_env
 from .sampler import ElasticSampler
@@ -118,6 +124,8 @@ class Trainer:
 
         self.worlds = world_source_from_env(env, cfg.namespace, self.pod)
         self.static = isinstance(self.worlds, StaticWorld)
+        if keep_process_on_nccl_errors(self.device, not self.static, os.environ):  # torch reads the process's
+            log.info("NCCL errors abort the communicators and keep the process", extra={"env": NCCL_ERROR_HANDLING})
         self.rdzv = Rendezvous(self.ip, cfg.rendezvous_port, timeout_s=float(env.get("COHORT_PG_TIMEOUT_S", "60")),
                                device=self.device)
         sync = self.spec.sync

@@ -18,6 +18,7 @@ resume, a synchronisation point for timing, and the peak memory.
 from __future__ import annotations
 
 import os
+from collections.abc import MutableMapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -40,6 +41,25 @@ def select_device(env: dict[str, str] | None = None) -> torch.device:
     device = torch.device(kind, index)
     module.set_device(index)
     return device
+
+
+NCCL_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+
+
+def keep_process_on_nccl_errors(device: torch.device, elastic: bool, env: MutableMapping[str, str]) -> bool:
+    """An elastic GPU worker survives a failed NCCL collective: set ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2``.
+
+    torch's default (3) ends the process when its watchdog finds a collective failed or timed out
+    (``faultTolerance.collectiveTimeoutSeconds``), and the survivors of a lost peer would die with it.
+    2 aborts the communicators and keeps the process: the failure reaches the trainer as an error, the
+    commit gate discards the step (commit.py), and the next world forms in place. Unset only; a job's
+    own value wins. A static (torchrun-style) world has nothing to re-form into and keeps torch's default.
+    Returns whether it set the variable.
+    """
+    if device.type != "cuda" or not elastic or NCCL_ERROR_HANDLING in env:
+        return False
+    env[NCCL_ERROR_HANDLING] = "2"
+    return True
 
 
 def backend_for(device: torch.device, env: dict[str, str] | None = None) -> str:
