@@ -154,6 +154,20 @@ def test_an_unreachable_member_leaves_at_once_and_its_failure_is_counted_when_se
     assert failed.status.restarts == 1 and "j-worker-1" in failed.delete
 
 
+def test_a_false_alarm_re_forms_the_same_members_under_a_new_version():
+    """A report that every member answers (reports.py): nobody is lost, their collective failed anyway and
+    they wait for the next world, so the same members, ranks and spares are published as the next version."""
+    pods = [pod(0), pod(1), pod(2)]
+    why = "j-worker-0 reported a failed collective (Timed out) and every member answers"
+    plan = run(pods, spec={"replicas": {"spares": 1}}, status=running(1, 0, 1, 2), w=world(3, 0, 1, spares=(2,)),
+               reform=why)
+    assert plan.world.version == 4 and plan.world.names == ["j-worker-0", "j-worker-1"]
+    assert [m.pod for m in plan.world.spares] == ["j-worker-2"] and why in plan.world.reason
+    assert "WorldReformed" in reasons(plan) and not plan.delete and plan.status.restarts == 0
+    quiet = run(pods, spec={"replicas": {"spares": 1}}, status=running(1, 0, 1, 2), w=world(3, 0, 1, spares=(2,)))
+    assert quiet.world is None or quiet.world.version == 3  # no report, no new version
+
+
 def test_too_many_restarts_fails_the_job():
     error = json.dumps({"error": "workload.dataset: no files match '*.txt' under /data/missing"})
     plan = run([pod(0), pod(1, failed=True, ready=False, phase="Failed", exit_code=2, reason="Error", message=error)],

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.server
 import json
 import socket
+import threading
 
 import pytest
 
-from cohort.operator.reports import Report, confirmed, parse_report, unreachable
+from cohort.operator.reports import Report, check, confirmed, parse_report
 from cohort.operator.world import Member
 
 
@@ -23,16 +26,42 @@ def test_a_report_is_parsed_or_ignored(text, expect):
     assert parse_report(text) == expect
 
 
-def test_only_a_member_whose_port_refuses_is_gone():
-    """127.0.0.1 listens on the port, 127.0.0.2 does not (refused at once): only the second is gone;
-    a member without an address is not tried."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        port = listener.getsockname()[1]
-        members = [Member("alive", ip="127.0.0.1"), Member("dead", ip="127.0.0.2"), Member("unknown")]
-        gone = asyncio.run(unreachable(members, port))
-    assert gone == {"dead": f"nothing listens on 127.0.0.2:{port}"}
+class _Healthz(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def serving(ip: str, port: int = 0):
+    server = http.server.ThreadingHTTPServer((ip, port), _Healthz)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_only_a_member_whose_port_refuses_is_gone_and_only_one_that_answers_is_alive():
+    """127.0.0.1 answers HTTP on the port, 127.0.0.3 accepts and says nothing (a hung process: its kernel
+    still accepts), 127.0.0.2 has nothing listening (refused at once): only the last is gone, only the
+    first answers; a member without an address is not tried."""
+    with serving("127.0.0.1") as port, socket.socket() as hung:
+        hung.bind(("127.0.0.3", port))
+        hung.listen()
+        members = [Member("alive", ip="127.0.0.1"), Member("dead", ip="127.0.0.2"), Member("hung", ip="127.0.0.3"),
+                   Member("unknown")]
+        found = asyncio.run(check(members, port, timeout_s=0.3))
+    assert found.gone == {"dead": f"nothing listens on 127.0.0.2:{port}"}
+    assert found.answering == {"alive"}
+    assert not found.all_answer(members)
+    with serving("127.0.0.1") as port, serving("127.0.0.2", port):
+        both = [Member("a", ip="127.0.0.1"), Member("b", ip="127.0.0.2")]
+        assert asyncio.run(check(both, port)).all_answer(both)
 
 
 def test_a_check_that_finds_the_reporter_gone_proves_nothing():

@@ -1,12 +1,15 @@
 """A survivor's report (docs/contracts.md §3, operator/reports.py) on the local cluster: the real API server,
 RBAC and operator; kwok pods whose addresses are local to this machine (hack/cluster.sh), where the test
-listens on a port to play a live worker, and nothing listens for a dead one."""
+answers /healthz on a port to play a live worker, listens without answering for a hung one, and has nothing
+listen for a dead one."""
 
 from __future__ import annotations
 
 import contextlib
+import http.server
 import json
 import socket
+import threading
 import time
 
 import pytest
@@ -54,7 +57,27 @@ def listening(ip: str):
         yield
 
 
-def test_a_reported_member_leaves_the_world_only_when_nothing_listens_on_its_port(cluster, namespace, operator):
+@contextlib.contextmanager
+def serving(ip: str):
+    """A live worker's metrics port: it answers /healthz."""
+    class Healthz(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer((ip, METRICS_PORT), Healthz)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_reported_member_leaves_the_world_only_when_nothing_listens_and_a_false_alarm_re_forms(cluster, namespace, operator):
     cluster.create_job(namespace, job_manifest("rep", replicas={"spares": 1},
                                                faultTolerance={"backoffSeconds": 30, "maxBackoffSeconds": 30}))
     w = wait_for(lambda: (lambda w: w if w["spares"] else None)(world(cluster, namespace, "rep")), 20,
@@ -67,12 +90,20 @@ def test_a_reported_member_leaves_the_world_only_when_nothing_listens_on_its_por
         worker.patch_namespaced_config_map("rep-world", namespace, {"data": {"world.json": "{}"}})
     assert refused.value.status == 403
 
+    with listening(ip0), listening(ip1):
+        report(worker, namespace, "rep", rank0, w["version"])
+        time.sleep(2)  # checked within ~0.6 s: both accept and neither answers (hung?): nothing changes
+        assert world(cluster, namespace, "rep")["version"] == w["version"]
+    # Both answer /healthz: a false alarm (a timeout too short, say). The same members re-form.
+    with serving(ip0), serving(ip1):
+        report(worker, namespace, "rep", rank0, w["version"])
+        w = wait_for(lambda: (lambda x: x if x["version"] > w["version"] else None)(world(cluster, namespace, "rep")),
+                     5, 0.05, what="the re-formed world")
+    assert [m["pod"] for m in w["members"]] == [rank0, rank1] and w["spares"][0]["pod"] == spare, w
+    assert "the same members re-form" in w["reason"], w["reason"]
+    assert [e.reason for e in cluster.events(namespace, "rep")].count("WorldReformed") == 1
     with listening(ip0):
-        with listening(ip1):
-            report(worker, namespace, "rep", rank0, w["version"])
-            time.sleep(2)  # checked within ~0.1 s: every member answers, so a report alone changes nothing
-            assert world(cluster, namespace, "rep")["version"] == w["version"]
-        # Rank 1's trainer is gone (its port closed); its pod is still Running as far as its kubelet said.
+        # Rank 1's trainer is gone (nothing listens); its pod is still Running as far as its kubelet said.
         report(worker, namespace, "rep", rank0, w["version"])
         after = wait_for(lambda: (lambda x: x if x["version"] > w["version"] else None)(world(cluster, namespace, "rep")),
                          5, 0.05, what="the next world")

@@ -58,7 +58,7 @@ from .observe import view_pods
 from .owned import OwnedObjects
 from .pods import build_worker_pod
 from .queueing import Queues
-from .reports import Report, confirmed, parse_report, unreachable
+from .reports import REFORM_INTERVAL_S, Report, check, confirmed, parse_report
 from .settings import Settings
 from .workqueue import BACKGROUND, URGENT, WorkQueue
 from .world import Member, World
@@ -114,17 +114,26 @@ class Reconciler:
 
     async def _check_report(self, mem: JobMemory, report: Report) -> None:
         world = mem.world
-        found = await unreachable(world.members, METRICS_PORT)
-        gone = confirmed(found, report.pod)
-        if found and not gone:
+        found = await check(world.members, METRICS_PORT)
+        gone = confirmed(found.gone, report.pod)
+        if found.gone and not gone:
             log.warning("%s/%s: the reporter %s itself looks unreachable (%s): the operator cannot reach the "
                         "workers' port, so the check proves nothing", mem.key[0], mem.key[1], report.pod,
-                        found[report.pod])
+                        found.gone[report.pod])
+        everyone = found.all_answer(world.members)
         log.info("%s/%s: %s reported a failed collective in world v%d (%s): %s", mem.key[0], mem.key[1],
                  report.pod, report.version, report.error,
-                 "; ".join(f"{pod}: {why}" for pod, why in gone.items()) or "every member answers")
-        if gone and mem.world.version == world.version:
+                 "; ".join(f"{pod}: {why}" for pod, why in gone.items()) or
+                 ("every member answers" if everyone else "none is gone, not every member answers"))
+        if mem.world.version != world.version:
+            return
+        if gone:
             mem.unreachable.update(gone)
+            self.queue.add(mem.key, URGENT)
+        elif everyone and time.monotonic() - mem.reformed_at >= REFORM_INTERVAL_S:
+            mem.reformed_at = time.monotonic()
+            mem.reform = (world.version, f"{report.pod} reported a failed collective ({report.error[:120]}) and "
+                                         "every member answers")
             self.queue.add(mem.key, URGENT)
 
     def job_deleted(self, key: JobKey) -> None:
@@ -249,11 +258,13 @@ class Reconciler:
         except BaseException:
             prerequisites.cancel()
             raise
-        names = {(p.get("metadata") or {}).get("name") for p in pods}
-        mem.unreachable = {pod: why for pod, why in mem.unreachable.items() if pod in names}
+        if mem.unreachable:  # forget the evidence about pods that are gone
+            names = {(p.get("metadata") or {}).get("name") for p in pods}
+            mem.unreachable = {pod: why for pod, why in mem.unreachable.items() if pod in names}
         inputs = Inputs(job=job, spec=spec, status=mem.status, world=mem.world,
                         pods=view_pods(pods, mem.uid, mem.unreachable),
-                        now=now, straggler=mem.verdict, progress=mem.progress, admission=admission)
+                        now=now, straggler=mem.verdict, progress=mem.progress, admission=admission,
+                        reform=mem.reform[1] if mem.reform[0] == mem.world.version else "")
         decision = decide(inputs)
         # The Service, RBAC and PDB wait for a reconcile that creates no pod:
         # on a busy API server, every job's workers come first.

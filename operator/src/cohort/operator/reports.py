@@ -6,13 +6,18 @@ recovery on real nodes. Its peers know sooner, because their collective failed. 
 ``{"pod", "version", "at", "error"}`` under ``report.json`` in the job's ``<job>-reports`` ConfigMap
 (the one object workers may patch; docs/contracts.md §3), and the watch brings it here.
 
-A report is a reason to look, not evidence: a worker could be wrong or lying. The operator connects to
-the metrics port of every member of the reported world. A refused connection (the pod's network is there
-and nothing listens: the trainer process is gone) or an unreachable address is evidence, and that member
-leaves the world at once (decide.departures). A timeout is not: a busy process may answer late, and the
-kubelet or the trainer's own timeouts settle that case; so does a check that finds the reporter itself
-gone (then the operator is what cannot connect). The pod itself is left for its kubelet to report,
-so its failure is counted (faultTolerance.maxRestarts) when it is seen.
+A report is a reason to look, not evidence: a worker could be wrong or lying. The operator asks every
+member of the reported world for ``/healthz`` on its metrics port. A refused connection (the pod's network
+is there and nothing listens: the trainer process is gone) or an unreachable address is evidence, and that
+member leaves the world at once (decide.departures). A timeout is not: a busy or hung process may answer
+late, and the kubelet or the trainer's own timeouts settle that case; so does a check that finds the
+reporter itself gone (then the operator is what cannot connect). The pod itself is left for its kubelet to
+report, so its failure is counted (faultTolerance.maxRestarts) when it is seen.
+
+When every member answers, nobody is lost: the collective failed on a timeout too short for a slow step,
+or on the network. Its ranks have left that world and wait for the next, so the operator publishes the same
+members under a new version and they re-form in place (at most once per ``REFORM_INTERVAL_S``, so a timeout
+that is always too short cannot keep a job re-forming; after that they wait, and exit when their wait ends).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from .world import Member
 
 log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 0.5
+REFORM_INTERVAL_S = 30.0
 NO_ROUTE = (errno.EHOSTUNREACH, errno.ENETUNREACH)
 
 
@@ -58,21 +64,39 @@ def confirmed(gone: dict[str, str], reporter: str) -> dict[str, str]:
     return {} if reporter in gone else gone
 
 
-async def unreachable(members: Iterable[Member], port: int, timeout_s: float = CONNECT_TIMEOUT_S) -> dict[str, str]:
-    """The members that are certainly gone, each with its evidence (all are tried at once)."""
+@dataclasses.dataclass(frozen=True)
+class Check:
+    gone: dict[str, str]      # pod -> the evidence that its trainer is gone
+    answering: frozenset[str]  # pods whose trainer answered over HTTP
+
+    def all_answer(self, members: Iterable[Member]) -> bool:
+        return not self.gone and all(m.pod in self.answering for m in members)
+
+
+async def check(members: Iterable[Member], port: int, timeout_s: float = CONNECT_TIMEOUT_S) -> Check:
+    """Ask every member at once: who is certainly gone, and who answers."""
     members = [m for m in members if m.ip]
-    found = await asyncio.gather(*(_gone(m.ip, port, timeout_s) for m in members))
-    return {m.pod: why for m, why in zip(members, found, strict=True) if why}
+    found = await asyncio.gather(*(_probe(m.ip, port, timeout_s) for m in members))
+    return Check(gone={m.pod: why for m, (why, _) in zip(members, found, strict=True) if why},
+                 answering=frozenset(m.pod for m, (_, ok) in zip(members, found, strict=True) if ok))
 
 
-async def _gone(ip: str, port: int, timeout_s: float) -> str:
+async def _probe(ip: str, port: int, timeout_s: float) -> tuple[str, bool]:
+    """(evidence it is gone, whether it answered): a GET /healthz; any HTTP status line is an answer
+    (503 while starting too: the process is there)."""
     try:
-        _reader, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), timeout_s)
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), timeout_s)
     except ConnectionRefusedError:
-        return f"nothing listens on {ip}:{port}"
+        return f"nothing listens on {ip}:{port}", False
     except OSError as e:
-        return f"{ip} is unreachable ({e.strerror})" if e.errno in NO_ROUTE else ""
+        return (f"{ip} is unreachable ({e.strerror})" if e.errno in NO_ROUTE else ""), False
     except asyncio.TimeoutError:
-        return ""
-    writer.close()
-    return ""
+        return "", False
+    try:
+        writer.write(b"GET /healthz HTTP/1.0\r\n\r\n")
+        line = await asyncio.wait_for(reader.readline(), timeout_s)
+        return "", line.startswith(b"HTTP/")
+    except (OSError, asyncio.TimeoutError):
+        return "", False
+    finally:
+        writer.close()

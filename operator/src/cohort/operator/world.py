@@ -12,7 +12,8 @@ the next world out. The rules, in order:
 - a world smaller than ``replicas.min`` is not a world the job trains in, so it
   is published empty: the survivors wait until enough workers are Ready;
 - every Ready pod that is not a member is a spare;
-- the version grows only when the members change.
+- the version grows only when the members change, or when they re-form after a false alarm
+  (decide.membership, reports.py).
 """
 
 from __future__ import annotations

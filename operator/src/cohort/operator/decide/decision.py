@@ -42,6 +42,7 @@ class Inputs:
     straggler: Straggler | None = None
     progress: dict[str, Any] | None = None
     admission: Admission | None = None  # what Kueue admitted (None: the job is not in a queue)
+    reform: str = ""  # why the current world re-forms with the same members (a false alarm, reports.py)
 
     @property
     def generation(self) -> int:

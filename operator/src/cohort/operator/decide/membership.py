@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
 from ..lifecycle import fmt_time, parse_time, seconds_until
@@ -20,6 +21,11 @@ def publish(observed: Inputs, decision: Decision, world: World, ours: list[PodVi
     new_world = next_world(world, ready, target=observed.target,
                            unit=spec.parallelism.tensor * spec.parallelism.pipeline, minimum=minimum,
                            why=departures.why, prefer=departures.joining)
+    if observed.reform and new_world.version == world.version and world.members:
+        new_world = dataclasses.replace(new_world, version=world.version + 1,
+                                        reason=f"the same members re-form: {observed.reform}")
+        decision.event("WorldReformed", f"World v{new_world.version}: the same {new_world.size} members re-form "
+                       f"in place; {observed.reform}", warning=True)
     if new_world.version != world.version:
         promoted = [m.pod for m in new_world.members if m.pod in {s.pod for s in world.spares}
                     and (departures.lost_member or exclude)]
