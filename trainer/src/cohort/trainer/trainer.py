@@ -45,7 +45,15 @@ from .runtime.device import (
     peak_memory_bytes,
     select_device,
 )
-from .runtime.process_group import Rendezvous, Superseded, pod_ip, set_collective_timeout
+from .runtime.interrupt import StepWatch
+from .runtime.process_group import (
+    Rendezvous,
+    Superseded,
+    abort_nccl_communicators,
+    pod_ip,
+    set_collective_timeout,
+    uses_nccl,
+)
 from .runtime.world import StaticWorld, World, world_source_from_env
 from .sampler import ElasticSampler
 from .state import TrainState
@@ -132,6 +140,7 @@ class Trainer:
         self.timeouts = CollectiveTimeout(self.spec.fault_tolerance.collective_timeout_seconds, self.rdzv.timeout_s,
                                           steps_per_sync=sync.period if sync.algorithm != "allreduce" else 1)
         self.armed_timeout_s: float | None = None  # what the groups' collectives get now; None: unknown
+        self.watch: StepWatch | None = None  # a newer world interrupts a stuck NCCL step (runtime/interrupt.py)
         self.plan: Plan | None = None
         self.world: World | None = None
         self.rank = -1
@@ -216,6 +225,8 @@ class Trainer:
                                         device_id=self.device if self.device.type == "cuda" else None)
         else:
             self.rdzv.join(world, rank, is_newer=lambda: self._latest_version() > world.version)
+            if self.watch is None and uses_nccl():
+                self.watch = StepWatch(self.worlds, abort_nccl_communicators, self._interrupt_grace_s).start()
         log.info("process group formed", extra={"size": world.size, "t": time.time()})
         if self.armed_timeout_s is not None:
             self.metrics.collective_timeout.set(self.armed_timeout_s)
@@ -339,7 +350,14 @@ class Trainer:
                 self.timeouts.after(plain=False)
                 continue
             self._arm_timeout(self.timeouts.for_next_step(self.clock.step_median()))
-            self._step(size)
+            if self.watch is None:
+                self._step(size)
+            else:
+                self.watch.begin(world.version)
+                try:
+                    self._step(size)
+                finally:
+                    self.watch.end()
             every = self.spec.workload.eval_every_steps
             evaluated = bool(every and self.state.step % every == 0 and not self._done())  # the final one follows
             if evaluated:
@@ -347,6 +365,11 @@ class Trainer:
             saved = self._maybe_checkpoint()
             self.timeouts.after(plain=not evaluated and not saved)
             self.clock.record(self.last_wall)
+
+    def _interrupt_grace_s(self) -> float:
+        """How long a step may go on once a newer world is seen before it counts as stuck."""
+        median = self.clock.step_median()
+        return max(1.0, 2 * median) if median is not None else 5.0
 
     def _arm_timeout(self, seconds: float) -> None:
         """Give the next collectives ``seconds`` to complete (collective_timeout.py)."""

@@ -154,6 +154,18 @@ def set_collective_timeout(seconds: float) -> None:
         c10d._set_pg_timeout(timeout, group)
 
 
+def abort_nccl_communicators() -> None:
+    """Abort the NCCL backend of every group (callable from another thread, as NCCL's watchdog does):
+    their collectives in flight fail; the groups themselves are left for :meth:`Rendezvous.leave`."""
+    for group in list(dist.distributed_c10d._world.pg_map):
+        try:
+            backend = group._get_backend(torch.device("cuda"))
+        except RuntimeError:  # no CUDA backend in this group
+            continue
+        if isinstance(backend, dist.ProcessGroupNCCL):
+            backend.abort()
+
+
 def uses_nccl() -> bool:
     """The default group has NCCL communicators (a GPU worker's cpu:gloo,cuda:nccl)."""
     if not dist.is_nccl_available() or not dist.is_initialized():
