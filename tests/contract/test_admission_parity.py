@@ -153,3 +153,17 @@ def test_api_server_and_python_agree_on_every_generated_spec(cluster, namespace)
     assert not unnamed, f"{len(unnamed)} refusals name another field:\n" + "\n".join(unnamed)
     assert not stored_differently, "\n".join(stored_differently)
     assert elapsed < 60, f"{len(generated)} dry runs took {elapsed:.0f} s"
+
+
+def test_a_whole_float_is_refused_where_a_rule_needs_the_integer_and_only_there():
+    """The API server keeps ``2.0`` as a float: a CEL rule whose result needs that integer field fails on it
+    and refuses the object, but ``a || b`` with ``a`` true never reads ``b`` (CEL absorbs the error). Python
+    does the same (schema._depends_on); the generated specs above found the first case (seed 20261128)."""
+    base = {"workload": {"model": "mlp", "dataset": "digits"}}
+    refused = {"replicas": {"min": 2, "max": 9, "target": 2.0}}  # self.min <= self.target needs it
+    assert "spec.replicas.target" in (python_verdict({**base, **refused}) or "")
+    needed = {"workload": {**base["workload"], "epochs": 0, "maxSteps": 100.0}}
+    assert "spec.workload.maxSteps" in (python_verdict(needed) or "")
+    absorbed = {"workload": {**base["workload"], "epochs": 10, "maxSteps": 100.0}}  # epochs > 0 decides
+    assert python_verdict(absorbed) is None
+    assert python_verdict({**base, "faultTolerance": {"maxRestarts": 2.0}}) is None  # no rule reads it

@@ -318,10 +318,66 @@ def parse(cls: type[T], data: Any, path: str = "spec") -> T:
         elif _default_of(f) is MISSING:
             raise ValidationError(f"{fpath}: required field is missing")
     obj = cls(**kwargs)
+    for rule, dotted in _integers_read_by_rules(typing.cast(Any, cls)):
+        raw = _lookup(data, dotted)
+        if isinstance(raw, float) and _depends_on(rule, obj, dotted):
+            # The API server keeps 2.0 as a float; a CEL rule whose result needs an integer field then
+            # fails on it ("is of the type float64, expected int64") and refuses the object. Where the
+            # rule's result does not need it (``a || b`` with ``a`` true), CEL absorbs the error.
+            raise ValidationError(f"{path}.{dotted}: must be an integer without a fraction point (a rule reads "
+                                  f"it), got {raw!r}")
     for rule in getattr(cls, "__rules__", ()):
         if not rule.check(obj):
             raise ValidationError(f"{path}{rule.field_path or ''}: {rule.message}")
     return obj
+
+
+@functools.cache
+def _integers_read_by_rules(cls: type) -> tuple[tuple[Rule, str], ...]:
+    """Each rule of ``cls`` with an integer field its CEL reads (a dotted JSON path from ``cls``)."""
+    found: list[tuple[Rule, str]] = []
+    for rule in getattr(cls, "__rules__", ()):
+        if "oldSelf" in rule.cel:
+            continue  # a transition rule: not evaluated when an object is created
+        for chain in re.findall(r"(?<![\w.])self((?:\.\w+)+)", rule.cel):
+            tp: Any = cls
+            names = chain.lstrip(".").split(".")
+            for i, name in enumerate(names):
+                if not is_model(tp):
+                    break
+                fields = {_json_name(f.name): f for f in dataclasses.fields(tp)}
+                if name not in fields:
+                    break
+                tp = _unwrap_optional(_hints(typing.cast(Any, tp))[fields[name].name])[0]
+                if tp is int and i == len(names) - 1:
+                    found.append((rule, ".".join(names)))
+    return tuple(dict.fromkeys(found))
+
+
+def _depends_on(rule: Rule, obj: Any, dotted: str) -> bool:
+    """Whether the rule's result changes with the integer at ``dotted`` (then CEL must read it)."""
+    results = set()
+    for probe in (0, 1, -1, 2, 2**62, -(2**62)):
+        try:
+            results.add(bool(rule.check(_replaced(obj, dotted.split("."), probe))))
+        except Exception:  # a predicate that cannot take the probe: CEL would need the field too
+            return True
+    return len(results) > 1
+
+
+def _replaced(obj: Any, names: list[str], value: Any) -> Any:
+    fields = {_json_name(f.name): f.name for f in dataclasses.fields(obj)}
+    name = fields[names[0]]
+    inner = value if len(names) == 1 else _replaced(getattr(obj, name), names[1:], value)
+    return dataclasses.replace(obj, **{name: inner})
+
+
+def _lookup(data: Any, dotted: str) -> Any:
+    for name in dotted.split("."):
+        if not isinstance(data, dict):
+            return None
+        data = data.get(name)
+    return data
 
 
 def _parse_value(tp: Any, meta: typing.Mapping[str, Any], value: Any, path: str) -> Any:
