@@ -25,3 +25,16 @@ def test_memory_is_bounded():
     for i in range(1000):
         clock.record(wall=1.0, end=float(i))
     assert len(clock.walls) == 8 and len(clock.loops) == 8
+
+
+def test_the_running_median_equals_the_median_of_the_kept_walls():
+    """step_median keeps a sorted copy (the collective timeout asks for it every step): equal to
+    statistics.median over the newest ``keep`` walls, through evictions, repeats and both parities."""
+    import random
+    import statistics
+
+    rng = random.Random(7)
+    clock = StepClock(warmup=0, keep=16)
+    for i in range(200):
+        clock.record(rng.choice([0.1, 0.2, rng.random()]), end=float(i))
+        assert clock.step_median() == statistics.median(clock.walls)

@@ -11,6 +11,7 @@ with a bare DDP loop timed the same way. Memory is bounded: only the newest
 
 from __future__ import annotations
 
+import bisect
 import statistics
 import time
 from collections import deque
@@ -24,6 +25,7 @@ class StepClock:
         self.warmup = warmup
         self.seen = 0
         self.walls: deque[float] = deque(maxlen=keep)
+        self._sorted: list[float] = []  # the same walls in order: the median every step costs no sort
         self.loops: deque[float] = deque(maxlen=keep)
         self._last_end: float | None = None
 
@@ -36,13 +38,20 @@ class StepClock:
         end = time.perf_counter() if end is None else end
         self.seen += 1
         if self.seen > self.warmup:
+            if len(self.walls) == self.walls.maxlen:
+                del self._sorted[bisect.bisect_left(self._sorted, self.walls[0])]
             self.walls.append(wall)
+            bisect.insort(self._sorted, wall)
             if self._last_end is not None:
                 self.loops.append(end - self._last_end)
         self._last_end = end
 
     def step_median(self) -> float | None:
-        return statistics.median(self.walls) if self.walls else None
+        n = len(self._sorted)
+        if not n:
+            return None
+        mid = n // 2
+        return self._sorted[mid] if n % 2 else (self._sorted[mid - 1] + self._sorted[mid]) / 2
 
     def loop_mean(self) -> float | None:
         return statistics.fmean(self.loops) if self.loops else None
