@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import http.server
 import json
 import socket
-import threading
 
 import pytest
+from tests.support.healthz import serving
 
 from cohort.operator.reports import Report, check, confirmed, parse_report
 from cohort.operator.world import Member
@@ -24,26 +22,6 @@ from cohort.operator.world import Member
 ])
 def test_a_report_is_parsed_or_ignored(text, expect):
     assert parse_report(text) == expect
-
-
-class _Healthz(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
-@contextlib.contextmanager
-def serving(ip: str, port: int = 0):
-    server = http.server.ThreadingHTTPServer((ip, port), _Healthz)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_only_a_member_whose_port_refuses_is_gone_and_only_one_that_answers_is_alive():

@@ -6,16 +6,15 @@ listen for a dead one."""
 from __future__ import annotations
 
 import contextlib
-import http.server
 import json
 import socket
-import threading
 import time
 
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from tests.support.healthz import serving
 from tests.support.kube import Cluster, wait_for
 from tests.support.operator import (  # noqa: F401  (operator_fixture is the ``operator`` fixture)
     job_manifest,
@@ -57,26 +56,6 @@ def listening(ip: str):
         yield
 
 
-@contextlib.contextmanager
-def serving(ip: str):
-    """A live worker's metrics port: it answers /healthz."""
-    class Healthz(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer((ip, METRICS_PORT), Healthz)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def test_a_reported_member_leaves_the_world_only_when_nothing_listens_and_a_false_alarm_re_forms(cluster, namespace, operator):
     cluster.create_job(namespace, job_manifest("rep", replicas={"spares": 1},
                                                faultTolerance={"backoffSeconds": 30, "maxBackoffSeconds": 30}))
@@ -95,7 +74,7 @@ def test_a_reported_member_leaves_the_world_only_when_nothing_listens_and_a_fals
         time.sleep(2)  # checked within ~0.6 s: both accept and neither answers (hung?): nothing changes
         assert world(cluster, namespace, "rep")["version"] == w["version"]
     # Both answer /healthz: a false alarm (a timeout too short, say). The same members re-form.
-    with serving(ip0), serving(ip1):
+    with serving(ip0, METRICS_PORT), serving(ip1, METRICS_PORT):
         report(worker, namespace, "rep", rank0, w["version"])
         w = wait_for(lambda: (lambda x: x if x["version"] > w["version"] else None)(world(cluster, namespace, "rep")),
                      5, 0.05, what="the re-formed world")
