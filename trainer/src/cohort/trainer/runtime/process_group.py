@@ -158,11 +158,8 @@ def abort_nccl_communicators() -> None:
     """Abort the NCCL backend of every group (callable from another thread, as NCCL's watchdog does):
     their collectives in flight fail; the groups themselves are left for :meth:`Rendezvous.leave`."""
     for group in list(dist.distributed_c10d._world.pg_map):
-        try:
-            backend = group._get_backend(torch.device("cuda"))
-        except RuntimeError:  # no CUDA backend in this group
-            continue
-        if isinstance(backend, dist.ProcessGroupNCCL):
+        backend = _nccl_backend(group)
+        if backend is not None:
             backend.abort()
 
 
@@ -170,11 +167,16 @@ def uses_nccl() -> bool:
     """The default group has NCCL communicators (a GPU worker's cpu:gloo,cuda:nccl)."""
     if not dist.is_nccl_available() or not dist.is_initialized():
         return False
+    return _nccl_backend(dist.distributed_c10d._get_default_group()) is not None
+
+
+def _nccl_backend(group: dist.ProcessGroup) -> Any:
+    """The group's NCCL backend (its backend for CUDA tensors, when that is NCCL), else None."""
     try:
-        backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cuda"))
+        backend = group._get_backend(torch.device("cuda"))
     except RuntimeError:  # no backend for CUDA tensors in this group
-        return False
-    return isinstance(backend, dist.ProcessGroupNCCL)
+        return None
+    return backend if isinstance(backend, dist.ProcessGroupNCCL) else None
 
 
 def pod_ip() -> str:
