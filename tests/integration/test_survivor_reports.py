@@ -43,6 +43,14 @@ def report(worker: client.CoreV1Api, namespace: str, job: str, pod: str, version
                                        _content_type="application/merge-patch+json")
 
 
+def events(cluster: Cluster, namespace: str, reason: str) -> list[str]:
+    """The messages of the job's Events with ``reason``, once there is one: the operator posts them from a
+    queue, deferred up to events.MAX_DEFER_S (30 s) while reconciles wait."""
+    def seen() -> list[str] | None:
+        return [e.message for e in cluster.events(namespace, "rep") if e.reason == reason] or None
+    return wait_for(seen, 35, 0.1, what=f"a {reason} Event")
+
+
 @contextlib.contextmanager
 def listening(ip: str):
     with socket.socket() as s:
@@ -80,7 +88,8 @@ def test_a_reported_member_leaves_the_world_only_when_nothing_listens_and_a_fals
                      5, 0.05, what="the re-formed world")
     assert [m["pod"] for m in w["members"]] == [rank0, rank1] and w["spares"][0]["pod"] == spare, w
     assert "the same members re-form" in w["reason"], w["reason"]
-    assert [e.reason for e in cluster.events(namespace, "rep")].count("WorldReformed") == 1
+    # Events are posted after the world is written, by the operator's event queue: wait for them.
+    assert len(events(cluster, namespace, "WorldReformed")) == 1
     with listening(ip0):
         # Rank 1's trainer is gone (nothing listens); its pod is still Running as far as its kubelet said.
         report(worker, namespace, "rep", rank0, w["version"])
@@ -88,7 +97,7 @@ def test_a_reported_member_leaves_the_world_only_when_nothing_listens_and_a_fals
                          5, 0.05, what="the next world")
     assert [m["pod"] for m in after["members"]] == [rank0, spare]
     assert "unreachable" in after["reason"], after["reason"]
-    lost = [e.message for e in cluster.events(namespace, "rep") if e.reason == "WorkerLost"]
+    lost = events(cluster, namespace, "WorkerLost")
     assert lost == [f"Worker {rank1} (rank 1) is unreachable: nothing listens on {ip1}:{METRICS_PORT}"], lost
     # Not deleted and not yet counted: its kubelet reports it, and then it counts as a failure.
     job = cluster.get_job(namespace, "rep")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from kubernetes.client.rest import ApiException
 
 from tests.support.kube import Cluster, wait_for
 
@@ -39,8 +40,20 @@ def real_nodes(cluster: Cluster) -> list[str]:
 
 
 def restrict(cluster: Cluster, namespace: str) -> None:
-    """Label the namespace for the restricted Pod Security Standard, enforced."""
+    """Label the namespace for the restricted Pod Security Standard, enforced, and return once the API
+    server enforces it: Pod Security admission reads namespaces from the server's informer cache, so a
+    pod created right after the label may still be judged by the old labels."""
     cluster.core.patch_namespace(namespace, {"metadata": {"labels": RESTRICTED}})
+    probe = pod("pod-security-probe", "cohort.invalid/probe", ["true"])
+    probe["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+
+    def enforced() -> bool:
+        try:
+            cluster.core.create_namespaced_pod(namespace, probe, dry_run="All")
+        except ApiException as e:
+            return e.status == 403 and "PodSecurity" in str(e.body)
+        return False
+    wait_for(enforced, 10, 0.1, what=f"restricted Pod Security enforced in {namespace}")
 
 
 def pod(name: str, image: str, command: list[str], *, node: str = "", limits: dict[str, str] | None = None,
