@@ -38,6 +38,15 @@ def test_digits_example_reaches_96_percent_within_60s(tmp_path):
     assert etas and etas[-1] <= etas[0] <= 120, etas
 
 
+def test_a_second_run_in_the_same_run_dir_follows_its_own_world_and_reports_its_own_result(tmp_path):
+    """`cohort run --local --run-dir D` twice: the first run's world file and results are not the second's."""
+    short = {"epochs": 0, "maxSteps": 10}
+    assert run_local(tmp_path, manifest("again", workload=short, checkpoint={"everySteps": 0}), workers=2)["step"] == 10
+    again = run_local(tmp_path, manifest("again", workload={**short, "maxSteps": 20}, checkpoint={"everySteps": 0}),
+                      workers=2)
+    assert again["step"] == 20 and again["restarts"] == 0 and again["worldVersions"] == 1, again
+
+
 @pytest.mark.slow
 def test_resume_after_every_worker_is_killed_is_bitwise_exact(tmp_path):
     m = manifest("exact", workload={"epochs": 0, "maxSteps": 60}, checkpoint={"everySteps": 20})

@@ -71,6 +71,11 @@ class LocalRun:
         self.config_path = self.run_dir / "job.json"
         self.config_path.write_text(json.dumps(self.cfg.to_document(), indent=1))
         self.world_path = self.run_dir / "world.json"
+        # A run directory used before holds that run's world and results: new workers would follow the
+        # old world (addresses nobody listens on) and its results would be read as this run's. Its
+        # checkpoints stay: resuming from them is what a second run in the same place is for.
+        for stale in [self.world_path, self.world_path.with_suffix(".tmp"), *self.run_dir.glob("*.termination")]:
+            stale.unlink(missing_ok=True)
         self.ip_prefix = f"127.{random.randint(100, 250)}.{random.randint(0, 255)}"
         self.pool: list[Worker] = []
         self.members: list[Worker] = []
