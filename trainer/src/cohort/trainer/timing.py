@@ -12,12 +12,15 @@ with a bare DDP loop timed the same way. Memory is bounded: only the newest
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 import time
 from collections import deque
 from typing import Any
 
 import torch
+
+RATE_HORIZON_S = 30.0
 
 
 class StepClock:
@@ -55,6 +58,37 @@ class StepClock:
 
     def loop_mean(self) -> float | None:
         return statistics.fmean(self.loops) if self.loops else None
+
+
+class StepRate:
+    """Samples per second as the job makes progress, over about the last :data:`RATE_HORIZON_S` seconds:
+    the samples of each loop iteration (step to step, evaluations and checkpoints included) over their
+    seconds, both summed with weights decaying by age. What ``samplesPerSecond`` and the ETA report.
+    An average of per-step rates (samples / wall) would read high whenever step times vary, since the
+    mean of 1/x exceeds 1/(mean of x); and a horizon of a few steps follows every swing of a shared
+    machine's speed, which a time left must not."""
+
+    def __init__(self, horizon_s: float = RATE_HORIZON_S):
+        self.horizon_s = horizon_s
+        self.samples = 0.0
+        self.seconds = 0.0
+        self._last_end: float | None = None
+
+    def restart(self) -> None:
+        """A new world: the gap since the last step is recovery, not progress."""
+        self._last_end = None
+
+    def record(self, samples: int, end: float | None = None) -> None:
+        end = time.perf_counter() if end is None else end
+        if self._last_end is not None:
+            seconds = max(end - self._last_end, 1e-9)
+            keep = math.exp(-seconds / self.horizon_s)
+            self.samples = self.samples * keep + samples
+            self.seconds = self.seconds * keep + seconds
+        self._last_end = end
+
+    def samples_per_second(self) -> float | None:
+        return self.samples / self.seconds if self.seconds > 0 else None
 
 
 class DeviceClock:

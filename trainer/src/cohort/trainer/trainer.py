@@ -60,7 +60,7 @@ from .state import TrainState
 from .step import MicroBatching, StepRunner
 from .sync.base import CommStats
 from .throughput import Throughput
-from .timing import StepClock
+from .timing import StepClock, StepRate
 from .workloads.workload import build_workload, summarize
 
 log = logmod.get_logger(__name__)
@@ -151,6 +151,7 @@ class Trainer:
         self.sps_ema: float | None = None
         self.eval_result: dict[str, float] = {}
         self.clock = StepClock()
+        self.rate = StepRate()
         self.last_wall = 0.0
         self.first_step_pending = False
         self._progress_at = 0.0
@@ -335,6 +336,7 @@ class Trainer:
         size = self.plan.dp_size
         self.metrics.update_progress(state="training", worldVersion=world.version, rank=self.rank)
         self.clock.restart()
+        self.rate.restart()
         self.pace.new_world(size)
         self.timeouts.new_world()
         while not self._done():
@@ -420,11 +422,12 @@ class Trainer:
         self.last_wall = wall
         m.compute_seconds.observe(max(compute, 0.0))
         m.comm_seconds.observe(max(comm, 0.0))
-        sps = self.sampler.global_batch(size) / max(wall, 1e-9)
-        self.sps_ema = sps if self.sps_ema is None else 0.9 * self.sps_ema + 0.1 * sps
+        self.rate.record(self.sampler.global_batch(size))
+        self.sps_ema = self.rate.samples_per_second()  # None until a second step
         self.loss_ema = loss if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * loss
-        m.samples_per_second.set(self.sps_ema)
-        m.tokens_per_second.set(self.throughput.tokens_per_second(self.sps_ema))
+        if self.sps_ema is not None:
+            m.samples_per_second.set(self.sps_ema)
+            m.tokens_per_second.set(self.throughput.tokens_per_second(self.sps_ema))
         mfu = self._mfu()
         if mfu is not None:
             m.mfu.set(mfu)
