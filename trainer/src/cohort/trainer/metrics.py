@@ -42,7 +42,7 @@ class WorkerMetrics:
                                          buckets=STEP_BUCKETS, registry=r)
         self.comm_seconds = Histogram("cohort_step_comm_seconds", "Per-step communication not hidden by compute",
                                       buckets=STEP_BUCKETS, registry=r)
-        self.samples_per_second = Gauge("cohort_samples_per_second", "Global training throughput", registry=r)
+        self.samples_per_second = Gauge("cohort_samples_per_second", "Global training throughput over the last ~30 s", registry=r)
         self.tokens_per_second = Gauge("cohort_tokens_per_second", "Global training throughput in tokens "
                                        "(language models: samples x sequence length; other models: samples)",
                                        registry=r)
