@@ -17,10 +17,12 @@ from kubernetes.client.exceptions import ApiException
 from tests.support.healthz import serving
 from tests.support.kube import Cluster, wait_for
 from tests.support.operator import (  # noqa: F401  (operator_fixture is the ``operator`` fixture)
+    event_reasons,
     job_manifest,
     operator_fixture,
     pods,
     terminate,
+    wait_event,
     world,
 )
 
@@ -41,14 +43,6 @@ def report(worker: client.CoreV1Api, namespace: str, job: str, pod: str, version
     text = json.dumps({"pod": pod, "version": version, "at": time.time(), "error": "Connection closed by peer"})
     worker.patch_namespaced_config_map(f"{job}-reports", namespace, {"data": {"report.json": text}},
                                        _content_type="application/merge-patch+json")
-
-
-def events(cluster: Cluster, namespace: str, reason: str) -> list[str]:
-    """The messages of the job's Events with ``reason``, once there is one: the operator posts them from a
-    queue, deferred up to events.MAX_DEFER_S (30 s) while reconciles wait."""
-    def seen() -> list[str] | None:
-        return [e.message for e in cluster.events(namespace, "rep") if e.reason == reason] or None
-    return wait_for(seen, 35, 0.1, what=f"a {reason} Event")
 
 
 @contextlib.contextmanager
@@ -88,8 +82,10 @@ def test_a_reported_member_leaves_the_world_only_when_nothing_listens_and_a_fals
                      5, 0.05, what="the re-formed world")
     assert [m["pod"] for m in w["members"]] == [rank0, rank1] and w["spares"][0]["pod"] == spare, w
     assert "the same members re-form" in w["reason"], w["reason"]
-    # Events are posted after the world is written, by the operator's event queue: wait for them.
-    assert len(events(cluster, namespace, "WorldReformed")) == 1
+    # The operator posts Events from a queue after writing the world, deferred up to events.MAX_DEFER_S
+    # (30 s) while reconciles wait: wait for them.
+    wait_event(cluster, namespace, "rep", "WorldReformed", 35)
+    assert event_reasons(cluster, namespace, "rep").count("WorldReformed") == 1
     with listening(ip0):
         # Rank 1's trainer is gone (nothing listens); its pod is still Running as far as its kubelet said.
         report(worker, namespace, "rep", rank0, w["version"])
@@ -97,7 +93,8 @@ def test_a_reported_member_leaves_the_world_only_when_nothing_listens_and_a_fals
                          5, 0.05, what="the next world")
     assert [m["pod"] for m in after["members"]] == [rank0, spare]
     assert "unreachable" in after["reason"], after["reason"]
-    lost = events(cluster, namespace, "WorkerLost")
+    wait_event(cluster, namespace, "rep", "WorkerLost", 35)
+    lost = [e.message for e in cluster.events(namespace, "rep") if e.reason == "WorkerLost"]
     assert lost == [f"Worker {rank1} (rank 1) is unreachable: nothing listens on {ip1}:{METRICS_PORT}"], lost
     # Not deleted and not yet counted: its kubelet reports it, and then it counts as a failure.
     job = cluster.get_job(namespace, "rep")
