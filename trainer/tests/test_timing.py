@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cohort.trainer.timing import StepClock, StepRate
+from cohort.trainer.timing import StepClock
 
 
 def test_loop_time_is_end_to_end_and_excludes_warm_up_and_the_gap_of_a_new_world():
@@ -43,33 +43,33 @@ def test_the_running_median_equals_the_median_of_the_kept_walls():
 def test_the_rate_is_samples_over_time_not_an_average_of_per_step_rates():
     """Steps of 10 and 30 ms, 128 samples each: 128 / 20 ms = 6400 samples/s. The mean of the per-step
     rates (12800 and 4267) is 8533: an ETA from it would be 25 % short."""
-    rate = StepRate()
+    clock = StepClock()
     end = 0.0
-    rate.record(128, end)
-    assert rate.samples_per_second() is None  # one step end: no interval yet
+    clock.record(0.0, end, samples=128)
+    assert clock.samples_per_second() is None  # one step end: no interval yet
     for i in range(400):
         end += 0.010 if i % 2 else 0.030
-        rate.record(128, end)
-    assert rate.samples_per_second() == pytest.approx(6400, rel=0.01)
+        clock.record(0.0, end, samples=128)
+    assert clock.samples_per_second() == pytest.approx(6400, rel=0.01)
 
 
 def test_the_rate_follows_a_change_within_its_horizon():
-    rate = StepRate(horizon_s=30)
+    clock = StepClock(rate_horizon_s=30)
     end = 0.0
-    rate.record(100, end)
+    clock.record(0.0, end, samples=100)
     for _ in range(600):  # 60 s at 1000 samples/s
         end += 0.1
-        rate.record(100, end)
+        clock.record(0.0, end, samples=100)
     for _ in range(300):  # then 60 s at 500
         end += 0.2
-        rate.record(100, end)
-    assert rate.samples_per_second() == pytest.approx(500, rel=0.15)
+        clock.record(0.0, end, samples=100)
+    assert clock.samples_per_second() == pytest.approx(500, rel=0.15)
 
 
 def test_a_new_worlds_gap_is_not_progress():
-    rate = StepRate()
+    clock = StepClock()
     for end in (0.0, 0.1, 0.2):
-        rate.record(64, end)
-    rate.restart()
-    rate.record(64, 30.0)  # the first step after 30 s of recovery
-    assert rate.samples_per_second() == pytest.approx(640)
+        clock.record(0.0, end, samples=64)
+    clock.restart()
+    clock.record(0.0, 30.0, samples=64)  # the first step after 30 s of recovery
+    assert clock.samples_per_second() == pytest.approx(640)

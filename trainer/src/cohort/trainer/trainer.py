@@ -60,7 +60,7 @@ from .state import TrainState
 from .step import MicroBatching, StepRunner
 from .sync.base import CommStats
 from .throughput import Throughput
-from .timing import StepClock, StepRate
+from .timing import StepClock
 from .workloads.workload import build_workload, summarize
 
 log = logmod.get_logger(__name__)
@@ -148,10 +148,8 @@ class Trainer:
         self.left_at: float | None = None
         self.recovery_source = ""
         self.loss_ema: float | None = None
-        self.sps_ema: float | None = None
         self.eval_result: dict[str, float] = {}
         self.clock = StepClock()
-        self.rate = StepRate()
         self.last_wall = 0.0
         self.first_step_pending = False
         self._progress_at = 0.0
@@ -336,7 +334,6 @@ class Trainer:
         size = self.plan.dp_size
         self.metrics.update_progress(state="training", worldVersion=world.version, rank=self.rank)
         self.clock.restart()
-        self.rate.restart()
         self.pace.new_world(size)
         self.timeouts.new_world()
         while not self._done():
@@ -366,7 +363,7 @@ class Trainer:
                 self.evaluate()
             saved = self._maybe_checkpoint()
             self.timeouts.after(plain=not evaluated and not saved)
-            self.clock.record(self.last_wall)
+            self.clock.record(self.last_wall, samples=self.sampler.global_batch(size))
 
     def _interrupt_grace_s(self) -> float:
         """How long a step may go on once a newer world is seen before it counts as stuck."""
@@ -422,12 +419,11 @@ class Trainer:
         self.last_wall = wall
         m.compute_seconds.observe(max(compute, 0.0))
         m.comm_seconds.observe(max(comm, 0.0))
-        self.rate.record(self.sampler.global_batch(size))
-        self.sps_ema = self.rate.samples_per_second()  # None until a second step
         self.loss_ema = loss if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * loss
-        if self.sps_ema is not None:
-            m.samples_per_second.set(self.sps_ema)
-            m.tokens_per_second.set(self.throughput.tokens_per_second(self.sps_ema))
+        sps = self.sps
+        if sps is not None:  # from the second loop on
+            m.samples_per_second.set(sps)
+            m.tokens_per_second.set(self.throughput.tokens_per_second(sps))
         mfu = self._mfu()
         if mfu is not None:
             m.mfu.set(mfu)
@@ -461,9 +457,9 @@ class Trainer:
         last, total = self.ckpt.last, self._total_steps()
         self.metrics.update_progress(
             state="training", step=self.state.step, epoch=self.sampler.epoch, loss=self.loss_ema,
-            samplesPerSecond=self.sps_ema, plan=self.plan.describe() if self.plan else "",
+            samplesPerSecond=self.sps, plan=self.plan.describe() if self.plan else "",
             worldVersion=self.world.version if self.world else 0, worldSize=self.world.size if self.world else 0,
-            tokensPerSecond=self.throughput.tokens_per_second(self.sps_ema) if self.sps_ema else None,
+            tokensPerSecond=self.throughput.tokens_per_second(self.sps) if self.sps else None,
             mfu=self._mfu(),
             accuracy=self.eval_result.get("accuracy"), perplexity=self.eval_result.get("perplexity"),
             evalLoss=self.eval_result.get("eval_loss"),
@@ -472,10 +468,16 @@ class Trainer:
             restartCostSeconds=self._seconds_for(self.state.step - (last.step if last else 0)),
             stepsTotal=total, etaSeconds=self._eta_seconds(total))
 
+    @property
+    def sps(self) -> float | None:
+        """Global samples per second over the loop's last ~30 s (timing.StepClock)."""
+        return self.clock.samples_per_second()
+
     def _mfu(self) -> float | None:
-        if not self.sps_ema:
+        sps = self.sps
+        if not sps:
             return None
-        mfu = self.throughput.mfu(self.sps_ema, self.world.size if self.world else 1)
+        mfu = self.throughput.mfu(sps, self.world.size if self.world else 1)
         return round(mfu, 4) if mfu is not None else None
 
     def _eta_seconds(self, total: int | None) -> int | None:
@@ -484,9 +486,10 @@ class Trainer:
 
     def _seconds_for(self, steps: int) -> int | None:
         """What ``steps`` steps take at the current global throughput and world size."""
-        if not self.plan or not self.sps_ema or self.sps_ema <= 0:
+        sps = self.sps
+        if not self.plan or not sps or sps <= 0:
             return None
-        return round(steps * self.sampler.global_batch(self.plan.dp_size) / self.sps_ema)
+        return round(steps * self.sampler.global_batch(self.plan.dp_size) / sps)
 
     def _total_steps(self) -> int | None:
         w = self.spec.workload
@@ -585,8 +588,8 @@ class Trainer:
         with self.ledger.during("checkpoint"):
             self.ckpt.wait()  # the last commit: blocked by a save
         summary = {"step": self.state.step, "epoch": self.sampler.epoch, "loss": self.loss_ema,
-                   **self.eval_result, "samplesPerSecond": self.sps_ema,
-                   "tokensPerSecond": self.throughput.tokens_per_second(self.sps_ema) if self.sps_ema else None,
+                   **self.eval_result, "samplesPerSecond": self.sps,
+                   "tokensPerSecond": self.throughput.tokens_per_second(self.sps) if self.sps else None,
                    "mfu": self._mfu(), "device": str(self.device), "peakMemoryBytes": peak_memory_bytes(self.device),
                    "precision": self.spec.workload.precision, "compiled": self.spec.workload.compile,
                    "worldVersion": self.world.version if self.world else 0, "checkpoints": self.ckpt.committed,
