@@ -42,9 +42,8 @@ def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def digits(test_fraction: float = 0.2) -> Data:
-    pixels, labels = load_digits()
+    pixels, y = load_digits()
     x = pixels.float().view(-1, 1, 8, 8) / 16.0
-    y = labels
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(SPLIT_SEED))
     n_test = int(round(len(y) * test_fraction))
     test, train = perm[:n_test], perm[n_test:]
