@@ -12,6 +12,8 @@
 # the default one, where a plain `buildah build` does), or ARCHIVE: a file a user
 # built elsewhere (`docker save`, `podman save`, `buildah push NAME
 # docker-archive:FILE:NAME`, an OCI archive), plain or compressed (.zst, .gz).
+# A NAME travels without the layers every node has already unpacked (an image
+# FROM the trainer: only its own layers); an ARCHIVE is imported whole.
 # Each node's containerd imports it under the names it carries, as pods name
 # them (my-team-trainer:1 is docker.io/library/my-team-trainer:1), and keeps it
 # across cluster restarts. Pods pull a :latest (or untagged) image always, and
@@ -58,15 +60,53 @@ plain_tar() {  # archive out: decompress a .zst/.gz archive into out, or link a 
   esac
 }
 
-from_storage() {  # name out: a docker-archive of name from Cohort's buildah storage, else the default one
-  if buildah_ inspect --type image "$1" >/dev/null 2>&1; then
-    buildah_ push --quiet "$1" "docker-archive:$2:$1" >&2
-  elif buildah inspect --type image "$1" >/dev/null 2>&1; then
-    buildah push --quiet "$1" "docker-archive:$2:$1" >&2
+from_storage() {  # name out runtimes: an OCI archive of name from buildah's storage (Cohort's, else the default)
+  local b
+  if buildah_ inspect --type image "$1" >/dev/null 2>&1; then b=buildah_
+  elif buildah inspect --type image "$1" >/dev/null 2>&1; then b=buildah
   else
     die "no image '$1' in buildah's storage ($IMAGES_DIR/storage, nor buildah's default) and no such file; build it (hack/user-image.sh build), or pass an archive"
   fi
+  # A layer that every node has already unpacked (the trainer's, under a user
+  # image built FROM it: 4.5 GB) is not exported: its blob in the OCI layout is a
+  # sparse placeholder of the right size, which buildah's push takes as present
+  # and skips, and which the archive leaves out. containerd's import then finds
+  # the layer's snapshot by its chain ID and does not ask for the blob.
+  local layout="$WORK/layout" sock marks
+  mkdir -p "$layout/blobs/sha256"
+  while read -r sock marks; do
+    ctr_ "$sock" snapshots ls | awk 'NR > 1 && $NF == "Committed" { print $1 }' > "$WORK/unpacked.$(basename "$(dirname "$sock")")"
+  done <<<"$3"
+  "$b" inspect --type image "$1" | python3 -c "$PLACEHOLDERS" "$layout" "$WORK"/unpacked.* > "$WORK/skipped" \
+    || die "cannot read the layers of $1"
+  log "exporting $1 from buildah's storage: $(skipped_summary "$WORK/skipped")"
+  "$b" push --quiet -D "$1" "oci:$layout:$1" >&2 || die "buildah push of $1 failed"
+  (cd "$layout" && find . -type f -printf '%P\n' | grep -v -x -F -f <(cut -d' ' -f1 "$WORK/skipped") | tar -cf "$2" -T -) || die "cannot write $2"
 }
+
+skipped_summary() {  # file of "path size" lines -> words
+  awk '{ n++; b += $2 } END { if (n) printf "%d layer(s), %.1f GB, already on every node, left out", n, b / 1e9; else printf "every layer" }' "$1"
+}
+
+# stdin: buildah inspect's JSON; argv: the layout, then one file per node of its
+# committed snapshots. Writes a sparse placeholder for each layer whose chain ID
+# every node has, and prints "blobs/sha256/HEX SIZE" for each.
+PLACEHOLDERS='
+import hashlib, json, os, sys
+image = json.load(sys.stdin)
+layout, nodes = sys.argv[1], [set(open(f).read().split()) for f in sys.argv[2:]]
+layers = json.loads(image["Manifest"])["layers"]
+diff_ids = image["OCIv1"]["rootfs"]["diff_ids"]
+assert len(layers) == len(diff_ids), "the manifest and the config disagree on the layers"
+chain = None
+for layer, diff_id in zip(layers, diff_ids):
+    chain = diff_id if chain is None else "sha256:" + hashlib.sha256(f"{chain} {diff_id}".encode()).hexdigest()
+    if nodes and all(chain in n for n in nodes):
+        path = "blobs/sha256/" + layer["digest"].removeprefix("sha256:")
+        with open(os.path.join(layout, path), "wb") as f:
+            f.truncate(layer["size"])
+        print(path, layer["size"])
+'
 
 load() {  # name|archive
   local src=$1 tar names n sock marks
@@ -74,7 +114,7 @@ load() {  # name|archive
   local runtimes; runtimes=$(nodes)
   WORK=$(mktemp -d "$TMPDIR/load.XXXX")  # removed on exit, also by a failure
   tar="$WORK/image.tar"
-  if [[ -f $src ]]; then plain_tar "$src" "$tar"; else log "exporting $src from buildah's storage"; from_storage "$src" "$tar"; fi
+  if [[ -f $src ]]; then plain_tar "$src" "$tar"; else from_storage "$src" "$tar" "$runtimes"; fi
   names=$(names_in "$tar") || die "cannot read the image names in $src"
   [[ -n $names ]] || die "$src names no image (a docker-archive's RepoTags, an OCI archive's ref.name): tag it and save it again"
   for n in $names; do

@@ -3,7 +3,8 @@
 docs/workloads.md's user-image Dockerfile (read from the docs, so the two
 cannot drift) is built around examples/user-package/cohort_user_example,
 copied outside the repository, by ``hack/user-image.sh build`` (``make
-user-image``), which loads it into every real node. The package's own job
+user-image``), which loads it into every real node: only its own layer, the
+trainer's being unpacked there already. The package's own job
 (text-files.yaml: its dataset of text files, its GRU) trains on that image in
 a restricted namespace, the text on a ConfigMap volume mounted through
 ``spec.podTemplate``, submitted as a user would: ``cohort submit --watch``
@@ -52,6 +53,8 @@ def user_image(tmp_path):
                          timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert re.search(rf"loaded .*{re.escape(name)}.* into 2 node\(s\)", out.stderr), out.stderr[-2000:]
+    # The trainer's layers, already unpacked on both nodes, were not exported; the job below needs the layer that was.
+    assert re.search(r"exporting .*: \d+ layer\(s\), [\d.]+ GB, already on every node, left out", out.stderr), out.stderr[-2000:]
     yield name
     subprocess.run([str(USER_IMAGE), "remove", name], capture_output=True, timeout=120)
 
