@@ -127,7 +127,8 @@ def test_slowed_rank_is_replaced_and_throughput_returns(cluster, namespace, real
     This machine's 2 cores run every node, and a healthy job's rate drifts with them: measured with no
     fault at all, the rate in one 12-20 s window was under 0.9x of the rate a minute earlier in about 30 %
     of pairs of windows. So the rate is taken relative to a healthy control job, identical but never
-    slowed, that runs beside it over the same seconds: the drift is common to both and cancels.
+    slowed (and given more steps, so that it never ends first), that runs beside it over the same
+    seconds: the drift is common to both and cancels.
 
     The two jobs are also placed alike, before and after the swap: each node's pods share half of the
     machine (each node is its own cgroup), so a job with more workers on the busier node is slower. With
@@ -139,16 +140,20 @@ def test_slowed_rank_is_replaced_and_throughput_returns(cluster, namespace, real
     the 20 s windows read 0.96-1.04x before the slowdown and 0.93-1.00x after the swap, so the windows
     here are 30 s.
     """
+    # The slowdown starts soon after the window before it (which ends near step 330 on this machine's kind,
+    # at about 11 steps/s), and the slow job ends soon after the window after it (near step 1200): in one
+    # run, slow_from 1000 and 3000 steps spent a minute waiting for the slowdown and another finishing.
     window_s = 10
-    slow_from = 1000
-    workload = {**LONG, "maxSteps": 3000}
+    slow_from = 700
+    workload = {**LONG, "maxSteps": 2200}
     replicas = {"min": 2, "max": 3, "target": 2}
     a, b = real_nodes[:2]
     place_mirrored(cluster, namespace, real_nodes, {
         "slow": training_job("slow", env={"COHORT_FAULT_SLOW": f"rank=1,factor=4,step={slow_from}"},
                              workload=workload, replicas=replicas,
                              stragglers={"policy": "replace", "threshold": 2.0, "windowSeconds": window_s}),
-        "control": training_job("control", workload=workload, replicas=replicas, stragglers={"policy": "ignore"})})
+        # The control is deleted before it ends; never let it end inside the window after.
+        "control": training_job("control", workload=LONG, replicas=replicas, stragglers={"policy": "ignore"})})
     jobs = ("slow", "control")
     for name in jobs:
         wait_for(lambda name=name: len(world(cluster, namespace, name)["members"]) == 3, 90, 0.5,
@@ -192,7 +197,9 @@ def test_slowed_rank_is_replaced_and_throughput_returns(cluster, namespace, real
 
 
 def test_scaling_2_4_2_mid_run(cluster, namespace, real_nodes, operator):
-    create(cluster, namespace, training_job("scale", replicas={"min": 2, "max": 4, "target": 2}, workload=LONG))
+    # 1200 steps: back to 2 workers near step 500, and the rest is only the finish (3000 took a minute more).
+    create(cluster, namespace, training_job("scale", replicas={"min": 2, "max": 4, "target": 2},
+                                            workload={**LONG, "maxSteps": 1200}))
     wait_step(cluster, namespace, "scale", 100)
     kubectl(cluster, "scale", "tj/scale", "-n", namespace, "--replicas=4")
     wait_for(lambda: world(cluster, namespace, "scale")["members"].__len__() == 4, 90, 0.5, what="world of 4")
