@@ -203,14 +203,16 @@ down_all() {
   # Real nodes first: their pods, containers, mounts and network go with them.
   "$HACK_DIR/nodes.sh" down
   [[ -d $PIDS ]] || return 0
-  local f c
-  # Extra tools first (they talk to the API server), then the plane in reverse order.
+  local f extras=()
+  # Extra tools first (they talk to the API server), then the API server's
+  # clients, the API server, etcd.
   for f in "$PIDS"/*.pid; do
-    [[ -e $f ]] || continue
-    c=$(basename "$f" .pid)
-    [[ " ${COMPONENTS[*]} " == *" $c "* ]] || stop_pidfile "$f"
+    if [[ -e $f && " ${COMPONENTS[*]} " != *" $(basename "$f" .pid) "* ]]; then extras+=("$f"); fi
   done
-  for ((c = ${#COMPONENTS[@]} - 1; c >= 0; c--)); do stop_pidfile "$PIDS/${COMPONENTS[$c]}.pid"; done
+  stop_pidfiles "${extras[@]}"
+  stop_pidfiles "$PIDS/kwok.pid" "$PIDS/kube-scheduler.pid" "$PIDS/kube-controller-manager.pid"
+  stop_pidfiles "$PIDS/kube-apiserver.pid"
+  stop_pidfiles "$PIDS/etcd.pid"
   if [[ -e $CLUSTER_DIR/kwok-route ]]; then
     ip route del local "$KWOK_POD_CIDR" dev lo 2>/dev/null || true
     rm -f "$CLUSTER_DIR/kwok-route"

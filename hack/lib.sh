@@ -26,7 +26,7 @@ pid_alive() {  # pidfile -> 0 if the process it names is alive and is the one we
   [[ -f $f ]] || return 1
   pid=$(cat "$f")
   [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || return 1
-  exe=$(tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null || true)
+  exe=$({ tr '\0' ' ' < "/proc/$pid/cmdline"; } 2>/dev/null || true)  # gone meanwhile: empty
   # Contains, not starts with: a script started through its shebang shows the interpreter first.
   [[ $exe == *"$(cat "$f.cmd" 2>/dev/null)"* ]]
 }
@@ -40,15 +40,29 @@ start_recorded() {  # pidfile logfile cmd... : start in its own session, record 
 }
 
 stop_pidfile() {  # pidfile [grace_s]: TERM, wait, then KILL; by PID only
-  local f=$1 grace=${2:-10} pid i
-  if pid_alive "$f"; then
-    pid=$(cat "$f")
-    kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < grace * 5; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
-    log "stopped $(basename "$f" .pid) (pid $pid)"
-  fi
-  rm -f "$f" "$f.cmd"
+  GRACE=${2:-10} stop_pidfiles "$1"
+}
+
+stop_pidfiles() {  # pidfile...: TERM them all, wait up to $GRACE s (10) for all, KILL the rest; by PID only
+  # Together: each of the cluster's daemons takes about 2 s to exit after TERM.
+  local f pids=() names=() i alive
+  for f in "$@"; do
+    if pid_alive "$f"; then
+      pids+=("$(cat "$f")"); names+=("$(basename "$f" .pid)")
+      kill -TERM "${pids[-1]}" 2>/dev/null || true
+    fi
+  done
+  for ((i = 0; i < ${GRACE:-10} * 5; i++)); do
+    alive=0
+    for f in "${pids[@]}"; do kill -0 "$f" 2>/dev/null && alive=1 && break; done
+    ((alive)) || break
+    sleep 0.2
+  done
+  for i in "${!pids[@]}"; do
+    kill -0 "${pids[$i]}" 2>/dev/null && kill -KILL "${pids[$i]}" 2>/dev/null || true
+    log "stopped ${names[$i]} (pid ${pids[$i]})"
+  done
+  for f in "$@"; do rm -f "$f" "$f.cmd"; done
 }
 
 # --- the local cluster's certificates and kubeconfigs ------------------------------

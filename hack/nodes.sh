@@ -441,26 +441,30 @@ YAML
 own_pids() {  # pids whose command line names this cluster's runtime paths (shims, pause, containers' parents)
   local p
   for p in /proc/[0-9]*; do
-    grep -q -e "$RUN_DIR/node-" -e "$NODES_DIR/" -e "$CTRD_ROOTS/" <<<"$(tr '\0' ' ' < "$p/cmdline" 2>/dev/null)" \
+    grep -q -e "$RUN_DIR/node-" -e "$NODES_DIR/" -e "$CTRD_ROOTS/" <<<"$({ tr '\0' ' ' < "$p/cmdline"; } 2>/dev/null)" \
       && echo "${p#/proc/}"
   done
 }
 
 stop_nodes() {  # every pod, container, process, cgroup and mount of the nodes (not the host network)
-  local i name
+  local i name nodes=() kubelets=() runtimes=() rmp=()
   for ((i = 0; i < 16; i++)); do
     [[ -f $PIDS/kubelet-$i.pid || -f $PIDS/containerd-$i.pid ]] || continue
-    stop_pidfile "$PIDS/kubelet-$i.pid"
+    nodes+=("$i"); kubelets+=("$PIDS/kubelet-$i.pid"); runtimes+=("$PIDS/containerd-$i.pid")
+  done
+  # In order on each node (kubelet, pods, containerd), every node at once.
+  stop_pidfiles "${kubelets[@]}"
+  for i in "${nodes[@]}"; do
     # Every pod sandbox and container through the CRI: this also tears down
     # their network namespaces and the CNI's IP allocations.
     if [[ -S $(sock_of "$i") && -x $CRICTL ]]; then
-      timeout 60 "$CRICTL" --runtime-endpoint "unix://$(sock_of "$i")" --timeout 20s rmp -af >/dev/null 2>&1 || true
+      timeout 60 "$CRICTL" --runtime-endpoint "unix://$(sock_of "$i")" --timeout 20s rmp -af >/dev/null 2>&1 &
+      rmp+=($!)
     fi
-    stop_pidfile "$PIDS/containerd-$i.pid"
   done
-  stop_pidfile "$PIDS/kube-proxy.pid"
-  stop_pidfile "$PIDS/kube-router.pid"
-  stop_pidfile "$PIDS/local-path-provisioner.pid"
+  for i in "${rmp[@]}"; do wait "$i" || true; done
+  stop_pidfiles "${runtimes[@]}"
+  stop_pidfiles "$PIDS/kube-proxy.pid" "$PIDS/kube-router.pid" "$PIDS/local-path-provisioner.pid"
   # Shims outlive containerd by design: stop ours (found by our paths), then their containers' cgroups.
   local p
   for p in $(own_pids); do kill -KILL "$p" 2>/dev/null || true; done
