@@ -2,14 +2,16 @@
 
 Drift is repaired (a deleted pod, Service or ConfigMap comes back; an extra
 pod goes), a SIGKILLed operator restarted three times mid-run leaves exactly
-the expected pods, two replicas elect one leader, and /metrics and the health
-endpoints answer.
+the expected pods, two replicas elect one leader, a SIGTERM or a stolen Lease
+ends the operator at once, and /metrics and the health endpoints answer.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import random
+import signal
 import time
 import urllib.request
 
@@ -136,6 +138,36 @@ def test_two_replicas_elect_one_leader_and_fail_over(cluster, namespace, tmp_pat
     finally:
         first.stop()
         second.stop()
+
+
+def test_sigterm_stops_the_operator_at_once_and_a_stolen_lease_exits_3(cluster, namespace, tmp_path):
+    """A pod's SIGTERM (a rolling update, a drain) ends the operator in well under a second, and a leader
+    whose Lease another holder took stops leading and exits 3 (EXIT_LOST_LEASE), to restart as a standby.
+
+    With a stop flag passed to kopf (as main.py did until this test), kopf waited 5 s on SIGTERM for the
+    flag's waiter, which nothing would wake: 5.3 s here.
+    """
+    args = ("--lease-namespace", namespace, "--lease-seconds", "3", "--identity", "op-a")
+    op = Operator(cluster, [namespace], tmp_path / "a.log", *args, standalone=False).start()
+    op.wait_ready("leader")
+    assert op.proc is not None
+    t0 = time.monotonic()
+    op.proc.send_signal(signal.SIGTERM)
+    assert op.proc.wait(15) == 0, op.log_tail()
+    assert time.monotonic() - t0 < 2, f"SIGTERM took {time.monotonic() - t0:.1f} s"
+
+    op.start().wait_ready("leader", timeout_s=20)  # the same identity renews its own Lease at once
+    coord = client.CoordinationV1Api(cluster.api)
+    lease = coord.read_namespaced_lease("cohort-operator-test", namespace)
+    assert lease.spec.holder_identity == "op-a"
+    lease.spec.holder_identity, lease.spec.lease_duration_seconds = "usurper", 60
+    lease.spec.renew_time = dt.datetime.now(dt.timezone.utc)
+    coord.replace_namespaced_lease("cohort-operator-test", namespace, lease)
+    try:
+        assert op.proc.wait(15) == 3, op.log_tail()
+    finally:
+        op.kill()
+    assert "lost the Lease to another replica" in op.log_tail()
 
 
 def operator_metric(operator, series: str) -> float:

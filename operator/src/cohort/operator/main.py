@@ -90,7 +90,6 @@ async def _lead(settings: Settings, kube: Kube, metrics: OperatorMetrics, electo
     kueue = (WORKLOAD.api_version, WORKLOAD.plural) in await kube.served_resources(WORKLOAD.api_version)
     kopf_settings = kopf.OperatorSettings()
     configure(kopf_settings, settings.instance, kueue=kueue)
-    stop = asyncio.Event()
     # Every task of ours exists before kopf starts: on shutdown kopf cancels
     # the tasks it did not find at its start, and ours stop in our own order.
     workers = rec.queue.start(rec.reconcile, settings.max_concurrent_reconciles)
@@ -100,7 +99,9 @@ async def _lead(settings: Settings, kube: Kube, metrics: OperatorMetrics, electo
     if elector is not None:
         workers.append(asyncio.create_task(elector.hold(), name="lease"))
     operator = asyncio.create_task(kopf.operator(
-        registry=build_registry(rec, kueue=kueue), settings=kopf_settings, stop_flag=stop,
+        # No stop_flag: kopf leaves its waiter for one pending after a SIGTERM and waits
+        # 5 s for it as a hung task (kopf/_core/reactor/running.py). We cancel kopf instead.
+        registry=build_registry(rec, kueue=kueue), settings=kopf_settings,
         clusterwide=settings.clusterwide, namespaces=list(settings.namespaces)), name="kopf")
     watched = [operator, *workers]
     code = 0
@@ -115,10 +116,8 @@ async def _lead(settings: Settings, kube: Kube, metrics: OperatorMetrics, electo
             log.error("task %s ended unexpectedly: %r", finished.get_name(), error)
             code = 1
     finally:
-        stop.set()
         for t in watched:
-            if t is not operator:
-                t.cancel()
+            t.cancel()  # kopf too: it stops its own tasks as the cancellation unwinds it
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(operator, timeout=10)
         await prober.close()
