@@ -412,7 +412,7 @@ def test_upgrade_hands_over_the_lease_then_uninstall_removes_the_release(cluster
                             and "--resync-seconds=7" in p.spec.containers[0].args], 60,
                    what="the upgraded operator pod")[0].metadata.name
     wait_for(lambda: helm.lease_holder(cluster, ns, "cohort") == new, 60, 0.5,
-             what="the upgraded pod leading (the old one's Lease expired)")
+             what="the upgraded pod leading (the old one released the Lease as it stopped)")
 
     helm.uninstall(cluster, RELEASE, ns)
     assert wait_for(lambda: not helm.operator_pods(cluster, ns, RELEASE), 60, 0.5, what="operator pods gone")

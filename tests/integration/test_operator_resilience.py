@@ -140,9 +140,10 @@ def test_two_replicas_elect_one_leader_and_fail_over(cluster, namespace, tmp_pat
         second.stop()
 
 
-def test_sigterm_stops_the_operator_at_once_and_a_stolen_lease_exits_3(cluster, namespace, tmp_path):
-    """A pod's SIGTERM (a rolling update, a drain) ends the operator in well under a second, and a leader
-    whose Lease another holder took stops leading and exits 3 (EXIT_LOST_LEASE), to restart as a standby.
+def test_sigterm_stops_the_operator_at_once_releasing_the_lease_and_a_stolen_lease_exits_3(cluster, namespace, tmp_path):
+    """A pod's SIGTERM (a rolling update, a drain) ends the operator in well under a second, releasing its
+    Lease for a standby to take at once; a leader whose Lease another holder took stops leading and exits 3
+    (EXIT_LOST_LEASE), to restart as a standby.
 
     With a stop flag passed to kopf (as main.py did until this test), kopf waited 5 s on SIGTERM for the
     flag's waiter, which nothing would wake: 5.3 s here.
@@ -155,9 +156,10 @@ def test_sigterm_stops_the_operator_at_once_and_a_stolen_lease_exits_3(cluster, 
     op.proc.send_signal(signal.SIGTERM)
     assert op.proc.wait(15) == 0, op.log_tail()
     assert time.monotonic() - t0 < 2, f"SIGTERM took {time.monotonic() - t0:.1f} s"
-
-    op.start().wait_ready("leader", timeout_s=20)  # the same identity renews its own Lease at once
     coord = client.CoordinationV1Api(cluster.api)
+    assert not coord.read_namespaced_lease("cohort-operator-test", namespace).spec.holder_identity, "not released"
+
+    op.start().wait_ready("leader", timeout_s=20)
     lease = coord.read_namespaced_lease("cohort-operator-test", namespace)
     assert lease.spec.holder_identity == "op-a"
     lease.spec.holder_identity, lease.spec.lease_duration_seconds = "usurper", 60

@@ -3,9 +3,10 @@
 Only the leader runs kopf and the reconciler; a standby waits for the Lease.
 The leader renews every third of the lease duration. A standby takes the
 Lease when its ``renewTime`` is older than the duration (the leader died or
-is cut off); writes use the Lease's resourceVersion, so two standbys cannot
-both win. A leader that cannot renew within the duration stops working
-before anyone else may take over: it exits, and its pod restarts as a standby.
+is cut off) or empty (the leader stopped cleanly and released it); writes use
+the Lease's resourceVersion, so two standbys cannot both win. A leader that
+cannot renew within the duration stops working before anyone else may take
+over: it exits, and its pod restarts as a standby.
 
 The decision of what to write is :func:`claim`, a pure function.
 """
@@ -106,6 +107,25 @@ class LeaderElector:
                 log.info("standing by: Lease %s/%s is held by another replica", self.namespace, self.name)
                 logged = True
             await asyncio.sleep(max(self.duration_s / 5, 0.5))
+
+    async def release(self) -> None:
+        """Give the Lease up on a clean stop (SIGTERM: a rolling update, a drain), as client-go's
+        ReleaseOnCancel does: a standby then takes it at its next try, not a lease duration later.
+        Call it only once this replica has stopped acting. Best effort: the Lease expires anyway."""
+        if not self.is_leader:
+            return
+        self.is_leader = False
+        try:
+            current = await self.kube.get(self.path)
+            spec = (current or {}).get("spec") or {}
+            if current is None or spec.get("holderIdentity") != self.identity:
+                return
+            released = {**spec, "holderIdentity": "", "leaseDurationSeconds": 1,
+                        "renewTime": _micro(dt.datetime.now(dt.timezone.utc))}
+            await self.kube.replace(self.path, {**current, "spec": released})
+            log.info("released the Lease %s/%s", self.namespace, self.name)
+        except (ApiError, OSError, asyncio.TimeoutError) as e:
+            log.warning("could not release the Lease (it expires in %.0fs): %s", self.duration_s, e)
 
     async def hold(self) -> None:
         """Renew until renewal fails for a whole lease duration; then return (leadership lost)."""

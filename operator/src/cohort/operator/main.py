@@ -119,8 +119,11 @@ async def _lead(settings: Settings, kube: Kube, metrics: OperatorMetrics, electo
         for t in watched:
             t.cancel()  # kopf too: it stops its own tasks as the cancellation unwinds it
         with contextlib.suppress(asyncio.CancelledError, Exception):
-            await asyncio.wait_for(operator, timeout=10)
+            await asyncio.wait_for(asyncio.gather(*watched, return_exceptions=True), timeout=10)
         await prober.close()
+        if elector is not None and code != EXIT_LOST_LEASE and all(t.done() for t in watched):
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(elector.release(), timeout=5)  # nothing of ours acts any more
     return code
 
 
