@@ -151,6 +151,11 @@ def test_sigterm_stops_the_operator_at_once_releasing_the_lease_and_a_stolen_lea
     args = ("--lease-namespace", namespace, "--lease-seconds", "3", "--identity", "op-a")
     op = Operator(cluster, [namespace], tmp_path / "a.log", *args, standalone=False).start()
     op.wait_ready("leader")
+    # Once kopf watches (a job reconciled): a SIGTERM in its first ~50 ms, while kopf still reads API
+    # discovery, can take 5 s (kopf closes its sessions under those requests, which retry until it
+    # gives up on them as hung tasks; seen once).
+    cluster.create_job(namespace, job_manifest("j"))
+    wait_for(lambda: cluster.get_job(namespace, "j").get("status", {}).get("phase"), 20, 0.2, what="j reconciled")
     assert op.proc is not None
     t0 = time.monotonic()
     op.proc.send_signal(signal.SIGTERM)
