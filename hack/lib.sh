@@ -45,7 +45,7 @@ stop_pidfile() {  # pidfile [grace_s]: TERM, wait, then KILL; by PID only
 
 stop_pidfiles() {  # pidfile...: TERM them all, wait up to $GRACE s (10) for all, KILL the rest; by PID only
   # Together: each of the cluster's daemons takes about 2 s to exit after TERM.
-  local f pids=() names=() i alive
+  local f p pids=() names=() i alive
   for f in "$@"; do
     if pid_alive "$f"; then
       pids+=("$(cat "$f")"); names+=("$(basename "$f" .pid)")
@@ -54,7 +54,7 @@ stop_pidfiles() {  # pidfile...: TERM them all, wait up to $GRACE s (10) for all
   done
   for ((i = 0; i < ${GRACE:-10} * 5; i++)); do
     alive=0
-    for f in "${pids[@]}"; do kill -0 "$f" 2>/dev/null && alive=1 && break; done
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1 && break; done
     ((alive)) || break
     sleep 0.2
   done

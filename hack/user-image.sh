@@ -68,7 +68,7 @@ from_storage() {  # name out runtimes: an OCI archive of name from buildah's sto
     die "no image '$1' in buildah's storage ($IMAGES_DIR/storage, nor buildah's default) and no such file; build it (hack/user-image.sh build), or pass an archive"
   fi
   # A layer that every node has already unpacked (the trainer's, under a user
-  # image built FROM it: 4.5 GB) is not exported: its blob in the OCI layout is a
+  # image built FROM it: 4.7 GB) is not exported: its blob in the OCI layout is a
   # sparse placeholder of the right size, which buildah's push takes as present
   # and skips, and which the archive leaves out. containerd's import then finds
   # the layer's snapshot by its chain ID and does not ask for the blob.
