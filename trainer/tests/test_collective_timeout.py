@@ -92,6 +92,32 @@ def test_a_silently_lost_peer_is_detected_within_the_collective_timeout(tmp_path
 
 
 @pytest.mark.dist
+def test_a_false_alarm_re_forms_the_same_members_in_place(tmp_path):
+    """Rank 1 pauses 5 s and goes on (``COHORT_FAULT_PAUSE``): its peers' collective times out after 2 s and
+    they report it. Every process is alive, so the launcher re-forms the same members under a new version
+    (as the operator does, reports.py) and the job goes on at 3 ranks without a lost step or a restart.
+    Without the launcher taking reports, all three waited for a world nobody would publish, exited when
+    their wait ran out (``COHORT_RECOVERY_WAIT_S``) and were restarted."""
+    m = manifest("pause", faultTolerance={"collectiveTimeoutSeconds": 2}, checkpoint={"everySteps": 0},
+                 workload={"epochs": 0, "maxSteps": 60})
+    s = run_local(tmp_path, m, workers=3, env={"COHORT_FAULT_PAUSE": "rank=1,step=30,seconds=5",
+                                               "COHORT_RECOVERY_WAIT_S": "20"})
+    assert s["step"] == 60 and s["restarts"] == 0, s
+    reformed = [w for w in s["worlds"] if w["reason"].startswith("the same members re-form")]
+    assert len(reformed) == 1 and reformed[0]["size"] == 3, s["worlds"]
+    logs = {p.stem: [json.loads(line) for line in p.read_text().splitlines() if line.startswith("{")]
+            for p in (tmp_path / "run").glob("*.log")}
+    assert set(logs) == {"pause-worker-0", "pause-worker-1", "pause-worker-2"}, sorted(logs)  # nobody replaced
+    paused = [e for e in logs["pause-worker-1"] if e.get("msg") == "fault injection: pausing"]
+    assert paused, "the fault did not fire"
+    for pod, events in logs.items():
+        joined = [e for e in events if e.get("msg") == "joined world"]
+        assert [e["world_version"] for e in joined] == [1, reformed[0]["version"]], (pod, joined)
+        assert joined[1]["step"] == 30 and joined[1]["source"] == "peer", (pod, joined)  # 0 steps lost
+        assert joined[1]["t"] - paused[0]["t"] < 5 + 5, (pod, joined)  # not the 20 s wait
+
+
+@pytest.mark.dist
 def test_time_based_checkpoints_of_a_sharded_plan_are_taken_together(tmp_path):
     """checkpoint.everySeconds is agreed by the ranks (``Trainer._due_by_seconds``): a sharded save is a
     collective, and ranks whose clocks started apart would otherwise enter it at different steps (one rank

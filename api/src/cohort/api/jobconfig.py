@@ -25,6 +25,10 @@ API_VERSION = f"{GROUP}/{VERSION}"
 CONFIG_KIND = "JobConfig"
 METRICS_PORT = 9400
 RDZV_PORT = 29400
+# A membership authority (the operator, the local launcher) re-forms the same members after a false alarm at
+# most this often per job, so a collective timeout that is always too short cannot keep a job re-forming
+# (docs/contracts.md §3, Reports).
+REFORM_INTERVAL_S = 30.0
 
 
 @dataclass(frozen=True)

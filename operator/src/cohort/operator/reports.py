@@ -29,11 +29,12 @@ import json
 import logging
 from collections.abc import Iterable
 
+from cohort.api.jobconfig import REFORM_INTERVAL_S as REFORM_INTERVAL_S
+
 from .world import Member
 
 log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 0.5
-REFORM_INTERVAL_S = 30.0
 NO_ROUTE = (errno.EHOSTUNREACH, errno.ENETUNREACH)
 
 

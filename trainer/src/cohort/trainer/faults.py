@@ -9,6 +9,10 @@ at a known step, as the kill-every-worker tests need).
 stops for T seconds (default 30) without closing its connections, then SIGKILLs
 itself: a peer lost silently, as on a lost node, or as a dead NCCL peer looks to
 the others (their collective waits instead of raising).
+``COHORT_FAULT_PAUSE=rank=R,step=S,seconds=T``: the same stop (default 10 s),
+then the process goes on: a long pause of a live worker (a stalled read, a
+host under load), which its peers' collective timeout takes for a lost peer,
+a false alarm that the authority answers by re-forming the same members.
 ``COHORT_FAULT_PARTIAL=rank=R,step=S``: at step S the process holding rank R
 behaves as if its gradients' allreduce failed after writing part of its
 result, as NCCL's can: the first half of every gradient is overwritten and
@@ -69,6 +73,9 @@ class Faults:
     hang_rank: int = -1
     hang_step: int = 0
     hang_seconds: float = 30.0
+    pause_rank: int = -1
+    pause_step: int = 0
+    pause_seconds: float = 10.0
     oom_rank: int = -1
     oom_step: int = 0
     oom_mb: int = 4096
@@ -92,6 +99,10 @@ class Faults:
             p = _parse(env["COHORT_FAULT_HANG"], "COHORT_FAULT_HANG")
             f.hang_rank, f.hang_step = int(p["rank"]), int(p.get("step", 0))
             f.hang_seconds = p.get("seconds", 30.0)
+        if env.get("COHORT_FAULT_PAUSE"):
+            p = _parse(env["COHORT_FAULT_PAUSE"], "COHORT_FAULT_PAUSE")
+            f.pause_rank, f.pause_step = int(p["rank"]), int(p.get("step", 0))
+            f.pause_seconds = p.get("seconds", 10.0)
         if env.get("COHORT_FAULT_PARTIAL"):
             p = _parse(env["COHORT_FAULT_PARTIAL"], "COHORT_FAULT_PARTIAL")
             f.partial_rank, f.partial_step = int(p["rank"]), int(p.get("step", 0))
@@ -119,6 +130,10 @@ class Faults:
             logging.shutdown()
             time.sleep(self.hang_seconds)
             die()
+        if _targets(self.pause_rank, rank) and step == self.pause_step and crossing(self.pause_step):
+            log.warning("fault injection: pausing", extra={"step": step, "seconds": self.pause_seconds,
+                                                          "t": time.time()})
+            time.sleep(self.pause_seconds)
         if _targets(self.oom_rank, rank) and step == self.oom_step and crossing(self.oom_step):
             log.warning("fault injection: allocating memory", extra={"step": step, "mb": self.oom_mb})
             logging.shutdown()

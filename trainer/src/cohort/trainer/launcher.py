@@ -10,6 +10,15 @@ unless told not to, starts a replacement that joins (or waits as a spare) when
 ready. It shows live progress and ends with a summary, which lists when each
 world was published (``worlds``: wall-clock times, for benchmarks).
 
+It takes the members' reports as the operator does (docs/contracts.md §3): a
+member whose collective failed writes ``reports/<pod>.json`` in the run
+directory. A member that died is seen by its process ending; when every
+member's process is alive, the report was a false alarm (a collective timeout
+too short for a slow step, a process paused for a while), its reporters have
+left that world and wait for the next, so the same members re-form under a
+new version (at most once per ``REFORM_INTERVAL_S``), instead of waiting until
+their wait runs out and exiting.
+
 On a machine with a GPU the workers share it: the launcher sets no
 ``LOCAL_RANK``, so each worker takes ``cuda:0`` (runtime/device.py), and NCCL
 refuses two ranks of one communicator on one GPU unless told otherwise. The
@@ -37,7 +46,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from cohort.api.jobconfig import JobConfig
+from cohort.api.jobconfig import REFORM_INTERVAL_S, JobConfig
+
+# A report is taken once it is this old, so that a member whose death made it is reaped first: a process
+# killed a moment ago may still be exiting when its peers' collectives have already failed on its sockets.
+REPORT_SETTLE_S = 0.2
 
 
 @dataclass
@@ -71,11 +84,14 @@ class LocalRun:
         self.config_path = self.run_dir / "job.json"
         self.config_path.write_text(json.dumps(self.cfg.to_document(), indent=1))
         self.world_path = self.run_dir / "world.json"
-        # A run directory used before holds that run's world and results: new workers would follow the
-        # old world (addresses nobody listens on) and its results would be read as this run's. Its
+        self.reports_dir = self.run_dir / "reports"
+        # A run directory used before holds that run's world, reports and results: new workers would follow
+        # the old world (addresses nobody listens on) and its results would be read as this run's. Its
         # checkpoints stay: resuming from them is what a second run in the same place is for.
-        for stale in [self.world_path, self.world_path.with_suffix(".tmp"), *self.run_dir.glob("*.termination")]:
+        for stale in [self.world_path, self.world_path.with_suffix(".tmp"), *self.run_dir.glob("*.termination"),
+                      *self.reports_dir.glob("*.json")]:
             stale.unlink(missing_ok=True)
+        self.reports_dir.mkdir(exist_ok=True)
         self.ip_prefix = f"127.{random.randint(100, 250)}.{random.randint(0, 255)}"
         self.pool: list[Worker] = []
         self.members: list[Worker] = []
@@ -89,6 +105,9 @@ class LocalRun:
             self.spares = self.cfg.spec.replicas.spares
         self.gpus, self.nccl_version = local_cuda({**os.environ, **self.extra_env})
         self.sharing_told = False
+        self.reformed_at = float("-inf")  # monotonic time of the last re-form after a false alarm
+        self.reports_seen: tuple[int, float] | None = None  # (the directory's mtime, when first seen)
+        self.answered_version = 0  # the newest world whose reports were answered (or refused)
 
     # --- processes -----------------------------------------------------------------
     def _spawn(self) -> Worker:
@@ -96,7 +115,8 @@ class LocalRun:
         self.next_index += 1
         name, ip = f"{self.cfg.name}-worker-{i}", f"{self.ip_prefix}.{10 + i}"
         log_path, term_path = self.run_dir / f"{name}.log", self.run_dir / f"{name}.termination"
-        env = {**os.environ, "COHORT_WORLD": f"file:{self.world_path}", "COHORT_POD_NAME": name,
+        env = {**os.environ, "COHORT_WORLD": f"file:{self.world_path}", "COHORT_REPORTS": f"file:{self.reports_dir}",
+               "COHORT_POD_NAME": name,
                "COHORT_POD_IP": ip, "COHORT_JOB_NAME": self.cfg.name, "COHORT_NAMESPACE": self.cfg.namespace,
                "COHORT_CONFIG": str(self.config_path), "COHORT_TERMINATION_LOG": str(term_path),
                "COHORT_PATH_MAP": json.dumps({self.cfg.spec.checkpoint.path: str(self.checkpoint_dir)}),
@@ -198,6 +218,7 @@ class LocalRun:
                                 raise RuntimeError(f"more than maxRestarts={max_restarts} worker failures")
                             self.restarts += 1
                             self._spawn()
+                self._answer_reports()
                 if any(w.exit_code == 0 for w in self.members):  # training completed (rank 0 or all)
                     self._await_members_exit(timeout_s=30)
                     return self._summary()
@@ -227,6 +248,46 @@ class LocalRun:
         admitted = ready[:self.workers - len(self.members)]
         self.members += admitted
         self._publish("admitted " + ", ".join(w.name for w in admitted))
+
+    def _answer_reports(self) -> None:
+        """Re-form the current world with the same members when a member reported a failed collective and
+        every member's process is alive (module docstring). A dead member is _reap's: its world goes."""
+        if self.answered_version >= self.version or not self.members:
+            return
+        try:
+            mtime = os.stat(self.reports_dir).st_mtime_ns  # a report is renamed in: the directory changes
+        except OSError:
+            return
+        now = time.monotonic()
+        if self.reports_seen is None or self.reports_seen[0] != mtime:
+            self.reports_seen = (mtime, now)
+        if now - self.reports_seen[1] < REPORT_SETTLE_S:
+            return
+        report = self._report_for(self.version)
+        if report is None or any(w.proc.poll() is not None for w in self.members):
+            return
+        self.answered_version = self.version
+        why = f"{report['pod']} reported a failed collective ({str(report.get('error', ''))[:120]})"
+        if now - self.reformed_at < REFORM_INTERVAL_S:
+            self._say(f"{why}; every member is alive, but the last re-form was {now - self.reformed_at:.0f}s ago: "
+                      f"none again within {REFORM_INTERVAL_S:.0f}s (the members wait, then exit)")
+            return
+        self.reformed_at = now
+        self._publish(f"the same members re-form: {why} and every member is alive")
+        self._say(f"{why}; every member is alive: world v{self.version} re-forms the same "
+                  f"{len(self.members)} ranks in place")
+
+    def _report_for(self, version: int) -> dict[str, Any] | None:
+        """A member's report of a failed collective in world ``version`` (runtime/world.py writes them)."""
+        names = {w.name for w in self.members}
+        for path in sorted(self.reports_dir.glob("*.json")):
+            try:
+                report = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(report, dict) and report.get("version") == version and report.get("pod") in names:
+                return report
+        return None
 
     def _reap(self) -> list[Worker]:
         failed = []

@@ -8,6 +8,11 @@ The operator (or the local launcher) is the only authority on membership
 - ``file:<path>``: polls a JSON file written by ``cohort run --local``;
 - no ``COHORT_WORLD``: a static world from torchrun's RANK/WORLD_SIZE/MASTER_*.
 
+A member whose collective failed reports it where ``COHORT_REPORTS`` says
+(``configmap:<name>`` or ``file:<dir>``, beside the world of the same kind):
+the authority checks who is gone, or re-forms the same members after a false
+alarm (docs/contracts.md §3).
+
 Why a watch over the standard library's urllib, not the ``kubernetes``
 client: the worker makes exactly one kind of call (get and watch one
 ConfigMap), and the client would add its 126 MB package (measured in the
@@ -114,7 +119,7 @@ class WorldSource:
 
     def report_failure(self, version: int, error: str) -> None:
         """Tell the authority that a collective of world ``version`` failed here (it checks who is gone).
-        Only the operator takes reports; the local launcher sees its processes end at once."""
+        A static world has no authority to tell."""
 
     def _run(self) -> None:  # pragma: no cover - overridden
         pass
@@ -132,10 +137,29 @@ class StaticWorld(WorldSource):
         self._publish(World(1, members, addr, int(env.get("MASTER_PORT", "29500"))))
 
 
+def report_document(pod: str, version: int, error: str) -> dict[str, Any]:
+    """What a member reports when a collective of world ``version`` failed (docs/contracts.md §3)."""
+    return {"pod": pod, "version": version, "at": time.time(), "error": error[:300]}
+
+
 class FileWorld(WorldSource):
-    def __init__(self, path: str, poll_s: float = 0.05):
+    """Polls the launcher's world file; reports a failed collective as ``<reports>/<pod>.json``."""
+
+    def __init__(self, path: str, poll_s: float = 0.05, pod: str = "", reports: str = ""):
         super().__init__()
-        self.path, self.poll_s = path, poll_s
+        self.path, self.poll_s, self.pod, self.reports = path, poll_s, pod, reports
+
+    def report_failure(self, version: int, error: str) -> None:
+        if not self.reports:
+            return
+        try:  # one file per member, replaced whole, so the launcher never reads half of one
+            os.makedirs(self.reports, exist_ok=True)
+            path = os.path.join(self.reports, f"{self.pod}.json")
+            with open(path + ".tmp", "w") as f:
+                json.dump(report_document(self.pod, version, error), f)
+            os.replace(path + ".tmp", path)
+        except OSError as e:  # the launcher still sees a dead process end, only not a false alarm
+            log.warning("could not report the failed collective", extra={"error": str(e)})
 
     def _run(self) -> None:
         last = None
@@ -185,7 +209,7 @@ class ConfigMapWorld(WorldSource):
             threading.Thread(target=self._patch_report, args=(version, error), name="report", daemon=True).start()
 
     def _patch_report(self, version: int, error: str) -> None:
-        report = {"pod": self.pod, "version": version, "at": time.time(), "error": error[:300]}
+        report = report_document(self.pod, version, error)
         body = json.dumps({"data": {REPORT_KEY: json.dumps(report)}}).encode()
         try:
             with self._open(f"/{self.reports}", 5, body, "application/merge-patch+json"):
@@ -223,12 +247,13 @@ class ConfigMapWorld(WorldSource):
 
 def world_source_from_env(env: dict[str, str], namespace: str, pod: str) -> WorldSource:
     spec = env.get("COHORT_WORLD", "")
-    if spec.startswith("configmap:"):
-        reports = env.get("COHORT_REPORTS", "")
-        return ConfigMapWorld(namespace, spec.split(":", 1)[1], pod,
-                              reports.split(":", 1)[1] if reports.startswith("configmap:") else "").start()
-    if spec.startswith("file:"):
-        return FileWorld(spec.split(":", 1)[1]).start()
+    kind, colon, where = spec.partition(":")
+    reports_kind, _, reports = env.get("COHORT_REPORTS", "").partition(":")
+    reports = reports if reports_kind == kind else ""  # reports go to the authority the world comes from
+    if colon and kind == "configmap":
+        return ConfigMapWorld(namespace, where, pod, reports).start()
+    if colon and kind == "file":
+        return FileWorld(where, pod=pod, reports=reports).start()
     if spec:
         raise ValueError(f"COHORT_WORLD={spec!r}: expected configmap:<name> or file:<path>")
     return StaticWorld(env, pod)
