@@ -55,6 +55,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from bench import torchrun_elastic  # noqa: E402
 from bench.recovery import LIGHTHOUSE, TORCHFT  # noqa: E402
 from bench.stats import host  # noqa: E402
 
@@ -187,17 +188,15 @@ def torchrun_once(tmp: Path, steps: int, period: float, every: int, port: int, t
                  if "RANK" in env}
         return ranks.get(max(ranks)) if ranks and max(ranks) > 0 else None
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(WORKERS),
-           "--max-restarts", "1000", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-           str(REPO / "bench/torchrun_worker.py"), "--ckpt-dir", str(tmp), "--every", str(every),
-           "--steps", str(steps), "--manifest", str(MANIFEST)]
+    cmd = torchrun_elastic.command(WORKERS, port, 1000, "--ckpt-dir", str(tmp), "--every", str(every),
+                                   "--steps", str(steps), "--manifest", str(MANIFEST))
     proc, finished, wall, cpu, kills = _supervise(cmd, period, victim, timeout_s,
                                                   env={**os.environ, "OMP_NUM_THREADS": "1"})
     if not finished:
         return Run(wall, cpu, kills, -1, finished=False)
     if proc.returncode != 0:
         raise RuntimeError(f"torchrun exited {proc.returncode}; events in {tmp}")
-    events = [json.loads(line) for f in tmp.glob("events-*.jsonl") for line in f.read_text().splitlines()]
+    events = torchrun_elastic.events(tmp)
     saves = [e["seconds"] for e in events if e["event"] == "saved"]
     first = [e for e in events if e["event"] == "first_step" and e.get("incarnation") == 0]
     step_s = (wall - (max(e["t"] for e in first) - min(e["t"] for e in events if e["event"] == "start"))) / steps \

@@ -19,6 +19,7 @@ import yaml
 from cohort.api.models import TrainingJobSpec
 from cohort.api.schema import parse
 from cohort.trainer.optim import build_optimizer
+from cohort.trainer.runtime.device import PRECISIONS
 from cohort.trainer.workloads.workload import Workload, build_workload
 
 
@@ -34,6 +35,14 @@ class Job:
     @property
     def per_rank(self) -> int:
         return self.spec.workload.batch_size
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The manifest's ``workload.precision`` as an autocast dtype (None: fp32). fp16 would need the gradient
+        scaler Cohort's step has (step.py), which these plain loops do not: refused rather than run unscaled."""
+        if self.spec.workload.precision == "fp16":
+            raise ValueError("workload.precision fp16: the baseline loops have no gradient scaler; use bf16 or fp32")
+        return PRECISIONS[self.spec.workload.precision]
 
     def optimizer(self, params: Any) -> torch.optim.Optimizer:
         return build_optimizer(params, self.spec.workload.optimizer)

@@ -61,6 +61,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from bench import torchrun_elastic  # noqa: E402
 from bench.stats import host  # noqa: E402
 from tests.support.wait import wait_for  # noqa: E402
 
@@ -185,24 +186,10 @@ def cluster_once(kill_step: int, steps: int, run: int, reports: bool) -> tuple[f
 
 
 def torchrun_once(tmp: Path, workers: int, kill_step: int, steps: int, every: int, port: int) -> dict:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(workers),
-           "--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-           str(REPO / "bench/torchrun_worker.py"), "--ckpt-dir", str(tmp),
-           "--every", str(every), "--kill-step", str(kill_step), "--steps", str(steps)]
+    cmd = torchrun_elastic.command(workers, port, 3, "--ckpt-dir", str(tmp), "--every", str(every),
+                                   "--kill-step", str(kill_step), "--steps", str(steps))
     subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    events = [json.loads(line) for f in tmp.glob("events-*.jsonl") for line in f.read_text().splitlines()]
-    kill = next(e for e in events if e["event"] == "kill")
-
-    def last(name: str) -> float:
-        times = [e["t"] for e in events if e["event"] == name and e.get("incarnation") == 1]
-        assert len(times) == workers, (name, events)
-        return max(times)
-    started = min(e["t"] for e in events if e["event"] == "start" and e.get("incarnation") == 1)
-    imported, formed, loaded, first = last("imported"), last("rendezvous"), last("loaded"), last("first_step")
-    resumed = next(e["step"] for e in events if e["event"] == "loaded" and e.get("incarnation") == 1)
-    return {"detect": started - kill["t"], "start+imports": imported - started, "rendezvous": formed - imported,
-            "data, model, state": loaded - formed, "first step": first - loaded, "total": first - kill["t"],
-            "lost": kill["step"] - resumed}
+    return torchrun_elastic.restart_phases(torchrun_elastic.events(tmp), workers)
 
 
 TORCHFT = Path(os.environ.get("COHORT_TORCHFT", Path.home() / ".cache/cohort/torchft-0.2.0"))

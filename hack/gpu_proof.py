@@ -17,10 +17,15 @@ error and the next one still runs:
 - cohort: the same model and batch through ``cohort run --local --workers 1`` (synthetic-lm, bf16,
   compile), maxSteps sized from the plain loop's step time to train about 65 s: tokens/s, MFU and
   the ratio to the plain loop of this invocation.
-- recovery: 3 workers sharing the GPU over NCCL (the launcher gives them NCCL's sharing settings), a
-  small model, checkpoints, one worker SIGKILLed at a known step (COHORT_FAULT_KILL): recovered in
-  place, from the checkpoint, or hung; the recovery time from the logs; the steps lost; then a new
-  run that restores from that checkpoint directory.
+- recovery: 3 workers and a spare sharing the GPU over NCCL (the launcher gives them NCCL's sharing
+  settings), a small model, checkpoints, one worker SIGKILLed at a known step (COHORT_FAULT_KILL):
+  recovered in place, from the checkpoint, or hung; the time from the kill to the slowest rank's first
+  step at full size, with that rank's timeline (its collective failing, the old group torn down, the
+  launcher's world, the new group formed, the state agreed and handed over, the first step); the steps
+  lost; then a new run that restores from that checkpoint directory.
+- torchrun: the same kill under torchrun elastic (bench/torchrun_worker.py: a plain DDP loop of the same
+  model over NCCL, torch.save every as many steps, every worker restarted and reloading the newest
+  checkpoint): its restart in phases, the steps lost, and Cohort's recovery over it (the ratio).
 - features: a compressor (powersgd), gossip, fsdp and top-k, 2 workers sharing the GPU, a few dozen
   steps each: finished or not, loss, time.
 
@@ -50,12 +55,17 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NoReturn
 
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from bench import torchrun_elastic  # noqa: E402  (standard library only)
+
 # name, time cap in seconds (full run, smoke run)
 PHASES: list[tuple[str, int, int]] = [
     ("environment", 60, 40),
     ("plain", 150, 50),
     ("cohort", 170, 60),
     ("recovery", 170, 80),
+    ("torchrun", 90, 60),
     ("features", 160, 80),
 ]
 H200_BF16_PEAK = 989e12  # NVIDIA's dense bf16 figure; throughput.py's table has it too
@@ -185,14 +195,14 @@ def pack_logs(work: Path, dest: Path) -> None:
 
 
 def headline(r: dict[str, Any]) -> str:
-    keys = ["gpu", "torch", "nccl", "tokens_per_s", "mfu", "ratio_to_plain", "outcome", "recovery_s", "steps_lost",
-            "finished", "error"]
+    keys = ["gpu", "torch", "nccl", "tokens_per_s", "mfu", "ratio_to_plain", "outcome", "recovery_s",
+            "back_to_full_size_s", "steps_lost", "restart_s", "cohort_over_torchrun", "finished", "error"]
     return ", ".join(f"{k}={str(r[k])[:300]}" for k in keys if r.get(k) is not None)
 
 
 def summarize(done: dict[str, dict[str, Any]], smoke: bool, seconds: float) -> dict[str, Any]:
     plain, cohort = done.get("plain", {}), done.get("cohort", {})
-    rec, feats = done.get("recovery", {}), done.get("features", {})
+    rec, feats, trun = done.get("recovery", {}), done.get("features", {}), done.get("torchrun", {})
     env = done.get("environment", {})
     s: dict[str, Any] = {"phase": "summary", "smoke": smoke, "seconds": round(seconds, 1),
                          "gpu": env.get("gpu"), "torch": env.get("torch"), "nccl": env.get("nccl"),
@@ -202,6 +212,9 @@ def summarize(done: dict[str, dict[str, Any]], smoke: bool, seconds: float) -> d
                          "cohort_tokens_per_s": cohort.get("tokens_per_s"), "cohort_mfu": cohort.get("mfu"),
                          "ratio_to_plain": cohort.get("ratio_to_plain"),
                          "recovery_outcome": rec.get("outcome"), "recovery_s": rec.get("recovery_s"),
+                         "back_to_full_size_s": rec.get("back_to_full_size_s"), "steps_lost": rec.get("steps_lost"),
+                         "torchrun_restart_s": trun.get("restart_s"), "torchrun_steps_lost": trun.get("steps_lost"),
+                         "cohort_over_torchrun": trun.get("cohort_over_torchrun"),
                          "restore_ok": (rec.get("restore") or {}).get("ok"),
                          "features_finished": {k: v.get("finished") for k, v in (feats.get("runs") or {}).items()}}
     if not smoke:
@@ -298,7 +311,7 @@ def run_phase(name: str, out: Path, work: Path, smoke: bool, budget: float) -> N
     ph = Phase(name, out, work, smoke, budget)
     try:
         {"environment": phase_environment, "plain": phase_plain, "cohort": phase_cohort,
-         "recovery": phase_recovery, "features": phase_features}[name](ph)
+         "recovery": phase_recovery, "torchrun": phase_torchrun, "features": phase_features}[name](ph)
         ph.record()
     except Exception as e:  # recorded; the driver goes on with the next phase
         import traceback
@@ -697,12 +710,19 @@ def _ts(rec: dict[str, Any]) -> float:
     return calendar.timegm(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")) + int(m.group(2)) / 1e3
 
 
+def kill_plan(smoke: bool) -> SimpleNamespace:
+    """The kill of the recovery and torchrun phases: the same workers, rank, step and checkpoint interval.
+    Smoke: about 12 steps/s on 2 cores. GPU: a kill after two committed checkpoints (the saves are
+    asynchronous), and enough steps for the replacement to start (imports, CUDA, NCCL) and join."""
+    if smoke:
+        return SimpleNamespace(workers=2, rank=1, step=37, every=25, steps=150)
+    return SimpleNamespace(workers=3, rank=1, step=137, every=50, steps=1500)
+
+
 def phase_recovery(ph: Phase) -> None:
-    workers = 2 if ph.smoke else 3
-    # Smoke: about 12 steps/s on 2 cores. GPU: a kill after two committed checkpoints (the saves are
-    # asynchronous), and enough steps for the replacement to start (imports, CUDA, NCCL) and join.
-    kill_step, every, steps = (37, 25, 150) if ph.smoke else (137, 50, 1500)
-    env = {"COHORT_FAULT_KILL": f"rank=1,step={kill_step}"}
+    plan = kill_plan(ph.smoke)
+    workers, kill_step, every, steps = plan.workers, plan.step, plan.every, plan.steps
+    env = {"COHORT_FAULT_KILL": f"rank={plan.rank},step={kill_step}"}
     if not ph.smoke:
         env["COHORT_PG_TIMEOUT_S"] = "30"  # a collective stuck on the dead peer is torn down after 30 s, not 60
     ph.record(workers=workers, kill=env["COHORT_FAULT_KILL"], checkpoint_every=every, max_steps=steps,
@@ -710,8 +730,10 @@ def phase_recovery(ph: Phase) -> None:
     ph.record(nccl_pair=nccl_pair(ph, min(45.0, ph.left() / 4)))
     # NCCL's kernels spin on a dead peer: the survivors' collective fails when the job's collective
     # timeout runs out (calm steps only; TORCH_NCCL_ASYNC_ERROR_HANDLING=2 keeps their processes).
+    # A spare: the killed rank's place is taken at once, so the new world is at full size, as torchrun's
+    # restarted one is (the torchrun phase), and the spare gets its state from a live peer over NCCL.
     doc = manifest("proof-recovery", small_lm(ph.smoke, steps),
-                   replicas={"min": 1, "max": workers, "target": workers},
+                   replicas={"min": 1, "max": workers, "target": workers, "spares": 1},
                    checkpoint={"everySteps": every, "keep": 3}, faultTolerance={"collectiveTimeoutSeconds": 2})
     ck = ph.dir / "checkpoints"
     restore_reserve = 30 if ph.smoke else 45
@@ -720,7 +742,7 @@ def phase_recovery(ph: Phase) -> None:
     r: dict[str, Any] = {"kill_run": res, "finished": res["rc"] == 0 and bool(s), "final_step": s.get("step"),
                          "restarts": s.get("restarts"), "world_versions": s.get("worldVersions"),
                          "loss": s.get("loss")}
-    r.update(read_recovery(ph.dir / "kill" / "run", kill_step, workers))
+    r.update(read_recovery(ph.dir / "kill" / "run", kill_step, workers, s.get("worlds") or []))
     progress = progress_lines(ph.dir / "kill" / "launcher.log")
     if progress:
         r["last_progress"] = {"launcher_s": progress[-1][0], "step": progress[-1][1]}
@@ -853,8 +875,10 @@ def checkpoint_steps(root: Path) -> list[int]:
                   if re.fullmatch(r"step-\d{8}", p.parent.name))
 
 
-def read_recovery(run_dir: Path, kill_step: int, workers: int) -> dict[str, Any]:
-    """From the workers' logs: how the kill was survived, how long it took, how many steps were lost."""
+def read_recovery(run_dir: Path, kill_step: int, workers: int,
+                  worlds: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """From the workers' logs (and the launcher's ``worlds``): how the kill was survived, how long it took,
+    the slowest rank's timeline, how many steps were lost."""
     logs = {name: records(lines) for name, lines in worker_logs(run_dir).items()}
     kill = [(name, rec) for name, recs in logs.items() for rec in recs
             if rec.get("msg") == "fault injection: SIGKILL self"]
@@ -885,7 +909,8 @@ def read_recovery(run_dir: Path, kill_step: int, workers: int) -> dict[str, Any]
     if first:
         out["recovery_s"] = round(first[0] - t_kill, 3)       # kill -> the first step of any rank after it
     if full:
-        out["back_to_full_size_s"] = round(full[0] - t_kill, 3)
+        out["back_to_full_size_s"] = round(full[-1] - t_kill, 3)  # the slowest rank's first step at full size
+        out["timeline_s"] = rank_timeline(logs, t_kill, sizes, workers, worlds or [])
     if recovered:
         out["recovered_seconds_logged"] = [rec.get("seconds") for rec in recovered]
     steps_after = [int(rec["step"]) for rec in joined if isinstance(rec.get("step"), int)]
@@ -894,6 +919,102 @@ def read_recovery(run_dir: Path, kill_step: int, workers: int) -> dict[str, Any]
         out["steps_lost"] = kill_step - min(steps_after)
     out["worker_errors"] = worker_errors(run_dir, 6)
     return out
+
+
+MILESTONES = {"collective failed; waiting for the next world": "collective_failed",
+              "process group torn down": "group_torn_down", "process group formed": "group_formed",
+              "joined world": "state_agreed", "first step in world": "first_step"}
+
+
+def rank_timeline(logs: dict[str, list[dict[str, Any]]], t_kill: float, sizes: dict[Any, Any], workers: int,
+                  worlds: list[dict[str, Any]]) -> dict[str, Any]:
+    """The way back after the kill, in seconds since it, from every rank's milestones (MILESTONES) and the
+    launcher's first world after the kill: per rank, then as spans. Detection: the first sign, a survivor's
+    collective failing or the launcher's world (it sees the process end); abort: the longest teardown of a
+    survivor's old group (NCCL: aborted); re-form, state (agreed, and handed over to a newcomer) and first
+    step: the slowest rank's, the last to take its first step in the first world at full size."""
+    full_versions = {v for v, n in sizes.items() if n == workers}
+    ranks: dict[str, dict[str, float]] = {}
+    teardown: list[float] = []
+    for pod, recs in logs.items():
+        marks: dict[str, float] = {}
+        for rec in recs:
+            key = MILESTONES.get(rec.get("msg", ""))
+            if not key or key in marks or _ts(rec) < t_kill:
+                continue
+            if key == "first_step" and rec.get("world_version") not in full_versions:
+                continue  # a first step in a smaller world on the way back
+            marks[key] = round(_ts(rec) - t_kill, 3)
+            if key == "group_torn_down" and isinstance(rec.get("seconds"), (int, float)):
+                teardown.append(float(rec["seconds"]))
+        if marks:
+            ranks[pod] = marks
+    out: dict[str, Any] = {"ranks": ranks}
+    published = [w["t"] for w in worlds if w.get("t", 0) >= t_kill]
+    if published:
+        out["world_published"] = round(published[0] - t_kill, 3)
+    back = [pod for pod, m in ranks.items() if "first_step" in m and "group_formed" in m]
+    if not back:
+        return out
+    slowest = ranks[max(back, key=lambda pod: ranks[pod]["first_step"])]
+    failed = [m["collective_failed"] for m in ranks.values() if "collective_failed" in m]
+    signs = failed + ([out["world_published"]] if "world_published" in out else [])
+    formed, agreed = slowest["group_formed"], slowest.get("state_agreed", slowest["group_formed"])
+    out["slowest"] = max(back, key=lambda pod: ranks[pod]["first_step"])
+    out["spans"] = {"detection": round(min(signs), 3) if signs else None,
+                    "abort": round(max(teardown), 4) if teardown else None,
+                    "re-form": round(formed - max([out.get("world_published", 0.0)] +
+                                                  [m.get("group_torn_down", 0.0) for m in ranks.values()]), 3),
+                    "state": round(agreed - formed, 3), "first_step": round(slowest["first_step"] - agreed, 3)}
+    return out
+
+
+def phase_torchrun(ph: Phase) -> None:
+    """The recovery phase's kill under torchrun elastic, for the ratio (bench/torchrun_elastic.py)."""
+    from cohort.trainer.runtime.ports import free_port
+
+    plan = kill_plan(ph.smoke)
+    steps = plan.step + 30  # the restart, its reload and a few steps after it: enough for the figures
+    doc = manifest("proof-torchrun", small_lm(ph.smoke, steps))
+    path = ph.dir / "manifest.yaml"
+    path.write_text(json.dumps(doc, indent=1))
+    ck = ph.dir / "checkpoints"
+    ck.mkdir(exist_ok=True)
+    for old in ck.iterdir():
+        old.unlink()
+    cmd = torchrun_elastic.command(plan.workers, free_port(), 3, "--device", "cpu" if ph.smoke else "cuda",
+                                   "--manifest", str(path), "--ckpt-dir", str(ck), "--every", str(plan.every),
+                                   "--kill-step", str(plan.step), "--kill-rank", str(plan.rank), "--steps", str(steps))
+    ph.record(workers=plan.workers, kill_step=plan.step, checkpoint_every=plan.every, max_steps=steps, command=cmd)
+    timeout = ph.left() - 3
+    ph.say(f"torchrun: {' '.join(cmd[3:])} (timeout {timeout:.0f}s)")
+    start = time.monotonic()
+    with open(ph.dir / "torchrun.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+        try:
+            rc: int | None = proc.wait(timeout=max(timeout, 5))
+        except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)
+            proc.wait()
+            rc = None
+    r: dict[str, Any] = {"rc": rc, "timed_out": rc is None, "seconds": round(time.monotonic() - start, 1)}
+    try:
+        phases = torchrun_elastic.restart_phases(torchrun_elastic.events(ck), plan.workers)
+    except (StopIteration, ValueError, OSError) as e:
+        ph.record(ok=False, error=f"torchrun {'timed out' if rc is None else 'exited ' + str(rc)}; no restart in its "
+                                  f"events ({type(e).__name__}: {e})", log_tail=tail(ph.dir / "torchrun.log", 25), **r)
+        return
+    r.update(restart_phases_s={k: round(v, 3) for k, v in phases.items()}, restart_s=round(phases["total"], 3),
+             steps_lost=int(phases["lost"]))
+    cohort: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        cohort = json.loads((ph.work / "recovery.json").read_text())
+    if cohort.get("back_to_full_size_s") is not None and phases["total"] > 0:
+        # both at full size again: Cohort's slowest rank's first step with the spare, torchrun's restarted ranks'
+        r["cohort_back_to_full_size_s"] = cohort["back_to_full_size_s"]
+        r["cohort_over_torchrun"] = round(cohort["back_to_full_size_s"] / phases["total"], 4)
+    ph.record(ok=rc == 0, **r, **({} if rc == 0 else {"error": f"torchrun {'timed out' if rc is None else 'exited ' + str(rc)}"}))
 
 
 def phase_features(ph: Phase) -> None:

@@ -317,7 +317,10 @@ class Trainer:
         self.plan = None
         self.metrics.update_progress(state="recovering")
         if not self.static:
-            Rendezvous.leave()
+            began = time.perf_counter()
+            Rendezvous.leave()  # NCCL: aborted, not destroyed (process_group.py)
+            log.info("process group torn down", extra={"seconds": round(time.perf_counter() - began, 4),
+                                                       "t": time.time()})
 
     def _latest_version(self) -> int:
         latest = self.worlds.latest
