@@ -118,6 +118,31 @@ def test_a_false_alarm_re_forms_the_same_members_in_place(tmp_path):
 
 
 @pytest.mark.dist
+def test_a_hung_member_that_never_arrives_at_the_re_formed_world_is_killed_and_replaced(tmp_path):
+    """Rank 1 hangs for good at step 30 (``COHORT_FAULT_HANG`` with 600 s), its process alive. Its peers'
+    collective times out (2 s) and, every process being alive, the launcher re-forms the same members; rank 1
+    never arrives at that world's rendezvous, its peers wait out the rendezvous timeout (8 s here) and report
+    it absent, and the launcher kills it: a world without it, then its replacement. Before, the peers'
+    rendezvous timeout ended their processes, and the hung one stayed a member until it died."""
+    m = manifest("hung", faultTolerance={"collectiveTimeoutSeconds": 2}, checkpoint={"everySteps": 0},
+                 workload={"epochs": 0, "maxSteps": 60})
+    s = run_local(tmp_path, m, workers=3, timeout=200,
+                  env={"COHORT_FAULT_HANG": "rank=1,step=30,seconds=600", "COHORT_PG_TIMEOUT_S": "8"})
+    assert s["step"] == 60 and s["restarts"] == 1, s
+    reasons = [w["reason"] for w in s["worlds"]]
+    assert reasons[1].startswith("the same members re-form") and reasons[2].startswith("worker hung-worker-1 failed"), \
+        reasons
+    logs = {p.stem: [json.loads(line) for line in p.read_text().splitlines() if line.startswith("{")]
+            for p in (tmp_path / "run").glob("*.log")}
+    for pod in ("hung-worker-0", "hung-worker-2"):
+        absent = [e for e in logs[pod] if e.get("msg") == "collective failed; waiting for the next world"
+                  and e.get("absent")]
+        assert absent and absent[0]["absent"] == ["hung-worker-1"], (pod, absent)
+        joined = [e for e in logs[pod] if e.get("msg") == "joined world"]
+        assert joined[1]["step"] == 30 and joined[1]["source"] == "peer" and joined[1]["size"] == 2, joined
+
+
+@pytest.mark.dist
 def test_time_based_checkpoints_of_a_sharded_plan_are_taken_together(tmp_path):
     """checkpoint.everySeconds is agreed by the ranks (``Trainer._due_by_seconds``): a sharded save is a
     collective, and ranks whose clocks started apart would otherwise enter it at different steps (one rank

@@ -17,7 +17,9 @@ member's process is alive, the report was a false alarm (a collective timeout
 too short for a slow step, a process paused for a while), its reporters have
 left that world and wait for the next, so the same members re-form under a
 new version (at most once per ``REFORM_INTERVAL_S``), instead of waiting until
-their wait runs out and exiting.
+their wait runs out and exiting. A report that names members absent from a
+world's rendezvous (its peers waited out the rendezvous timeout) while their
+processes live names hung processes: they are killed and replaced.
 
 On a machine with a GPU the workers share it: the launcher sets no
 ``LOCAL_RANK``, so each worker takes ``cuda:0`` (runtime/device.py), and NCCL
@@ -250,8 +252,10 @@ class LocalRun:
         self._publish("admitted " + ", ".join(w.name for w in admitted))
 
     def _answer_reports(self) -> None:
-        """Re-form the current world with the same members when a member reported a failed collective and
-        every member's process is alive (module docstring). A dead member is _reap's: its world goes."""
+        """Answer the members' reports for the current world (module docstring): members that never arrived
+        at its rendezvous while their processes live are hung, and are killed (then _reap replaces them); a
+        failed collective while every member's process is alive re-forms the same members. A dead member is
+        _reap's: its world goes at once."""
         if self.answered_version >= self.version or not self.members:
             return
         try:
@@ -263,11 +267,21 @@ class LocalRun:
             self.reports_seen = (mtime, now)
         if now - self.reports_seen[1] < REPORT_SETTLE_S:
             return
-        report = self._report_for(self.version)
-        if report is None or any(w.proc.poll() is not None for w in self.members):
+        reports = self._reports_for(self.version)
+        if not reports or any(w.proc.poll() is not None for w in self.members):
             return
         self.answered_version = self.version
-        why = f"{report['pod']} reported a failed collective ({str(report.get('error', ''))[:120]})"
+        absent = {pod for r in reports for pod in r.get("absent") or ()}
+        hung = [w for w in self.members if w.name in absent]
+        if hung:
+            for w in hung:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(w.proc.pid, signal.SIGKILL)
+            self._say(f"{', '.join(w.name for w in hung)} never arrived at world v{self.version}'s rendezvous "
+                      f"while {len(self.members) - len(hung)} peers waited ({str(reports[0].get('error', ''))[:120]}), "
+                      "and its process lives: hung; killed, to be replaced")
+            return
+        why = f"{reports[0]['pod']} reported a failed collective ({str(reports[0].get('error', ''))[:120]})"
         if now - self.reformed_at < REFORM_INTERVAL_S:
             self._say(f"{why}; every member is alive, but the last re-form was {now - self.reformed_at:.0f}s ago: "
                       f"none again within {REFORM_INTERVAL_S:.0f}s (the members wait, then exit)")
@@ -277,17 +291,18 @@ class LocalRun:
         self._say(f"{why}; every member is alive: world v{self.version} re-forms the same "
                   f"{len(self.members)} ranks in place")
 
-    def _report_for(self, version: int) -> dict[str, Any] | None:
-        """A member's report of a failed collective in world ``version`` (runtime/world.py writes them)."""
+    def _reports_for(self, version: int) -> list[dict[str, Any]]:
+        """The members' reports about world ``version`` (runtime/world.py writes them), oldest first."""
         names = {w.name for w in self.members}
-        for path in sorted(self.reports_dir.glob("*.json")):
+        found = []
+        for path in self.reports_dir.glob("*.json"):
             try:
                 report = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
             if isinstance(report, dict) and report.get("version") == version and report.get("pod") in names:
-                return report
-        return None
+                found.append(report)
+        return sorted(found, key=lambda r: r.get("at") or 0.0)
 
     def _reap(self) -> list[Worker]:
         failed = []

@@ -47,6 +47,7 @@ from .runtime.device import (
 )
 from .runtime.interrupt import StepWatch
 from .runtime.process_group import (
+    Absent,
     Rendezvous,
     Superseded,
     abort_nccl_communicators,
@@ -171,7 +172,7 @@ class Trainer:
                 return self._finish()
             except (Superseded, WorldChanged) as e:
                 log.info("world changed", extra={"from_version": world.version, "reason": type(e).__name__})
-            except RuntimeError as e:  # a collective failed: a peer died or left
+            except (RuntimeError, Absent) as e:  # a collective failed (a peer died or left), or a member never came
                 self.ledger.relabel("recovery")  # the failed step was detection, not training
                 if self.static or not self._newer_world_arrives(world, e):
                     raise
@@ -196,9 +197,11 @@ class Trainer:
 
     def _newer_world_arrives(self, world: World, error: Exception) -> bool:
         first_line = (str(error).splitlines() or [type(error).__name__])[0][:300]
+        absent = tuple(error.pods) if isinstance(error, Absent) else ()
         log.warning("collective failed; waiting for the next world",
-                    extra={"version": world.version, "error": first_line, "t": time.time()})
-        self.worlds.report_failure(world.version, first_line)  # the operator checks who is gone (reports.py)
+                    extra={"version": world.version, "error": first_line, "absent": list(absent), "t": time.time()})
+        # the operator (reports.py) or the launcher checks who is gone, or hung
+        self.worlds.report_failure(world.version, first_line, absent)
         deadline = time.monotonic() + float(os.environ.get("COHORT_RECOVERY_WAIT_S", "120"))
         while (left := deadline - time.monotonic()) > 0:
             if STOP_REQUESTED.is_set():  # SIGTERM while waiting: leave now, not when the wait runs out

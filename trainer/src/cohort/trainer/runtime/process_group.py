@@ -32,6 +32,16 @@ class Superseded(Exception):
     """A newer world was published while this one was forming or running."""
 
 
+class Absent(TimeoutError):
+    """Members of a world that never arrived at its rendezvous while this member waited out its timeout:
+    hung processes, if their pods are still there (the authority checks; docs/contracts.md §3, Reports)."""
+
+    def __init__(self, version: int, pods: list[str], arrived: int, size: int, timeout_s: float):
+        super().__init__(f"world {version}: only {arrived}/{size} members arrived within {timeout_s:.0f}s; "
+                         f"absent: {', '.join(pods) or '?'}")
+        self.pods = pods
+
+
 def gloo_options_bound_to(ip: str) -> object:
     """Gloo options whose device listens on ``ip`` (private torch API, wrapped here only).
 
@@ -80,7 +90,7 @@ class Rendezvous:
         """Form the default process group for ``world`` as ``rank``."""
         base = self._host_store() if rank == 0 else self._connect(world, is_newer)
         store = dist.PrefixStore(f"v{world.version}", base)
-        self._barrier(store, world, is_newer)
+        self._barrier(store, world, rank, is_newer)
         kwargs: dict[str, Any] = {}
         if self.device.type == "cuda":
             kwargs["device_id"] = self.device  # binds the group to this GPU (NCCL's communicator forms eagerly)
@@ -90,7 +100,7 @@ class Rendezvous:
                                 world_size=world.size, timeout=datetime.timedelta(seconds=self.timeout_s),
                                 **kwargs)
 
-    def _barrier(self, store: dist.Store, world: World, is_newer: Callable[[], bool]) -> None:
+    def _barrier(self, store: dist.Store, world: World, rank: int, is_newer: Callable[[], bool]) -> None:
         """Interruptible arrival barrier, so init_process_group never waits on a missing peer.
 
         Every member either goes on to init_process_group or abandons the attempt, and all
@@ -98,8 +108,10 @@ class Rendezvous:
         sees everyone arrived writes "go"; one that sees a newer world or runs out of time
         writes "abandoned"), and the rest read it. Without this, a member could leave for a
         newer world just after the last one arrived, and the others would block in
-        init_process_group until its timeout.
+        init_process_group until its timeout. A member that times out names the members that never
+        arrived (:class:`Absent`).
         """
+        store.set(f"arrived/{rank}", "1")
         store.add("arrived", 1)
         deadline = time.monotonic() + self.timeout_s
         while True:
@@ -119,8 +131,8 @@ class Rendezvous:
                 return
             if outcome == b"abandoned:newer":
                 raise Superseded()
-            raise TimeoutError(f"world {world.version}: only {arrived}/{world.size} members arrived "
-                               f"within {self.timeout_s:.0f}s")
+            absent = [m.pod for m in world.members if not store.check([f"arrived/{m.rank}"])]
+            raise Absent(world.version, absent, arrived, world.size, self.timeout_s)
 
     @staticmethod
     def leave() -> None:

@@ -117,9 +117,9 @@ class WorldSource:
         threading.Thread(target=self._run, name="world-source", daemon=True).start()
         return self
 
-    def report_failure(self, version: int, error: str) -> None:
-        """Tell the authority that a collective of world ``version`` failed here (it checks who is gone).
-        A static world has no authority to tell."""
+    def report_failure(self, version: int, error: str, absent: tuple[str, ...] = ()) -> None:
+        """Tell the authority that a collective of world ``version`` failed here (it checks who is gone), or
+        that the ``absent`` members never arrived at its rendezvous. A static world has no authority to tell."""
 
     def _run(self) -> None:  # pragma: no cover - overridden
         pass
@@ -137,9 +137,13 @@ class StaticWorld(WorldSource):
         self._publish(World(1, members, addr, int(env.get("MASTER_PORT", "29500"))))
 
 
-def report_document(pod: str, version: int, error: str) -> dict[str, Any]:
-    """What a member reports when a collective of world ``version`` failed (docs/contracts.md §3)."""
-    return {"pod": pod, "version": version, "at": time.time(), "error": error[:300]}
+def report_document(pod: str, version: int, error: str, absent: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What a member reports when a collective of world ``version`` failed, or when members never arrived at
+    its rendezvous (``absent``; docs/contracts.md §3)."""
+    doc: dict[str, Any] = {"pod": pod, "version": version, "at": time.time(), "error": error[:300]}
+    if absent:
+        doc["absent"] = list(absent)
+    return doc
 
 
 class FileWorld(WorldSource):
@@ -149,14 +153,14 @@ class FileWorld(WorldSource):
         super().__init__()
         self.path, self.poll_s, self.pod, self.reports = path, poll_s, pod, reports
 
-    def report_failure(self, version: int, error: str) -> None:
+    def report_failure(self, version: int, error: str, absent: tuple[str, ...] = ()) -> None:
         if not self.reports:
             return
         try:  # one file per member, replaced whole, so the launcher never reads half of one
             os.makedirs(self.reports, exist_ok=True)
             path = os.path.join(self.reports, f"{self.pod}.json")
             with open(path + ".tmp", "w") as f:
-                json.dump(report_document(self.pod, version, error), f)
+                json.dump(report_document(self.pod, version, error, absent), f)
             os.replace(path + ".tmp", path)
         except OSError as e:  # the launcher still sees a dead process end, only not a false alarm
             log.warning("could not report the failed collective", extra={"error": str(e)})
@@ -204,12 +208,13 @@ class ConfigMapWorld(WorldSource):
         return self._open("?" + urllib.parse.urlencode({"fieldSelector": f"metadata.name={self.name}", **query}),
                           timeout)
 
-    def report_failure(self, version: int, error: str) -> None:
+    def report_failure(self, version: int, error: str, absent: tuple[str, ...] = ()) -> None:
         if self.reports:  # off the training thread: the survivor goes on waiting for the next world
-            threading.Thread(target=self._patch_report, args=(version, error), name="report", daemon=True).start()
+            threading.Thread(target=self._patch_report, args=(version, error, absent), name="report",
+                             daemon=True).start()
 
-    def _patch_report(self, version: int, error: str) -> None:
-        report = report_document(self.pod, version, error)
+    def _patch_report(self, version: int, error: str, absent: tuple[str, ...] = ()) -> None:
+        report = report_document(self.pod, version, error, absent)
         body = json.dumps({"data": {REPORT_KEY: json.dumps(report)}}).encode()
         try:
             with self._open(f"/{self.reports}", 5, body, "application/merge-patch+json"):
