@@ -154,6 +154,21 @@ def test_an_unreachable_member_leaves_at_once_and_its_failure_is_counted_when_se
     assert failed.status.restarts == 1 and "j-worker-1" in failed.delete
 
 
+def test_a_hung_member_is_counted_as_a_failure_deleted_and_its_rank_taken_by_a_spare():
+    """Its peers found it absent from a rendezvous and the operator checked its trainer (reports.stuck): its
+    process lives, so no kubelet will report it; it is counted and replaced like a failed worker."""
+    why = "it never arrived at world v2's rendezvous, which j-worker-0 waited out, and its trainer is still in a step"
+    pods = [pod(0), pod(1, hung=why), pod(2)]
+    plan = run(pods, spec={"replicas": {"spares": 1}}, status=running(1, 0, 1, 2), w=world(2, 0, 1, spares=(2,)))
+    assert plan.world.names == ["j-worker-0", "j-worker-2"] and plan.world.version == 3
+    assert plan.delete == {"j-worker-1": "failed"}
+    assert plan.status.restarts == 1 and plan.status.replacements.failure == 1
+    assert any(e.reason == "WorkerFailed" and "hung: " + why in e.message for e in plan.events), plan.events
+    again = run([pod(0), pod(1, hung=why, terminating=True), pod(2)], spec={"replicas": {"spares": 1}},
+                status=plan.status, w=plan.world)
+    assert again.status.restarts == 1  # counted once
+
+
 def test_a_false_alarm_re_forms_the_same_members_under_a_new_version():
     """A report that every member answers (reports.py): nobody is lost, their collective failed anyway and
     they wait for the next world, so the same members, ranks and spares are published as the next version."""

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.server
 import json
 import socket
+import threading
 
 import pytest
 from tests.support.healthz import serving
 
-from cohort.operator.reports import Report, check, confirmed, parse_report
+from cohort.operator.reports import Report, check, confirmed, parse_report, stuck
 from cohort.operator.world import Member
 
 
@@ -19,6 +22,8 @@ from cohort.operator.world import Member
     (json.dumps({"pod": "j-worker-1", "version": "4"}), Report("j-worker-1", 4)),
     (None, None), ("", None), ("not json", None), ("[1, 2]", None), (json.dumps({"pod": "p"}), None),
     (json.dumps({"pod": "p", "version": "seven"}), None),
+    (json.dumps({"pod": "j-worker-0", "version": 5, "absent": ["j-worker-1"]}), Report("j-worker-0", 5, absent=("j-worker-1",))),
+    (json.dumps({"pod": "j-worker-0", "version": 5, "absent": "j-worker-1"}), Report("j-worker-0", 5)),
 ])
 def test_a_report_is_parsed_or_ignored(text, expect):
     assert parse_report(text) == expect
@@ -47,3 +52,49 @@ def test_a_check_that_finds_the_reporter_gone_proves_nothing():
     gone = {"j-worker-1": "nothing listens on 10.0.0.1:9400"}
     assert confirmed(gone, "j-worker-0") == gone
     assert confirmed({**gone, "j-worker-0": "nothing listens on 10.0.0.0:9400"}, "j-worker-0") == {}
+
+
+def test_a_member_absent_from_a_rendezvous_is_hung_only_if_its_trainer_is_stuck_in_an_older_world():
+    """Four members reported absent from world 5's rendezvous: one whose trainer is still in a step of world 4,
+    one that accepts connections and never answers (the whole process stopped): hung. One waiting for the
+    next world (it arrived late), one gone (the check of who is gone says so, not this): not hung."""
+    docs = {"127.0.0.1": {"state": "training", "worldVersion": 4}, "127.0.0.2": {"state": "recovering",
+                                                                             "worldVersion": 4}}
+    with progress_served(docs) as port, socket.socket() as silent:
+        silent.bind(("127.0.0.3", port))
+        silent.listen()
+        members = [Member("stuck", ip="127.0.0.1"), Member("late", ip="127.0.0.2"), Member("stopped", ip="127.0.0.3"),
+                   Member("gone", ip="127.0.0.4")]
+        found = asyncio.run(stuck(members, port, 5, timeout_s=0.3))
+    assert found == {"stuck": "its trainer is still in a step of world v4",
+                     "stopped": f"it accepts connections on 127.0.0.3:{port} and does not answer in 0.3s"}
+
+
+@contextlib.contextmanager
+def progress_served(docs: dict[str, dict[str, object]]):
+    """Trainers' /progress on one port, each address its own document (HTTP/1.0: closed after the answer)."""
+    servers = []
+
+    class Progress(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(docs[self.server.server_address[0]]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    port = 0
+    for ip in docs:
+        server = http.server.ThreadingHTTPServer((ip, port), Progress)
+        port = server.server_address[1]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+    try:
+        yield port
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()

@@ -1,7 +1,8 @@
 """A survivor's report (docs/contracts.md §3, operator/reports.py) on the local cluster: the real API server,
 RBAC and operator; kwok pods whose addresses are local to this machine (hack/cluster.sh), where the test
 answers /healthz on a port to play a live worker, listens without answering for a hung one, and has nothing
-listen for a dead one."""
+listen for a dead one. A hung one is found in two steps: a report while it does not answer re-forms the
+world, and a report that names it absent from that world's rendezvous gets it counted, deleted and replaced."""
 
 from __future__ import annotations
 
@@ -38,9 +39,14 @@ def as_worker(cluster: Cluster, namespace: str, job: str) -> client.CoreV1Api:
     return client.CoreV1Api(api)
 
 
-def report(worker: client.CoreV1Api, namespace: str, job: str, pod: str, version: int) -> None:
-    """What the trainer writes when its collective failed (runtime/world.py), as a JSON merge patch."""
-    text = json.dumps({"pod": pod, "version": version, "at": time.time(), "error": "Connection closed by peer"})
+def report(worker: client.CoreV1Api, namespace: str, job: str, pod: str, version: int,
+           absent: tuple[str, ...] = ()) -> None:
+    """What the trainer writes when its collective failed or members never arrived at its rendezvous
+    (runtime/world.py), as a JSON merge patch."""
+    doc = {"pod": pod, "version": version, "at": time.time(), "error": "Connection closed by peer"}
+    if absent:
+        doc.update(error=f"world {version}: only 1/2 members arrived within 60s", absent=list(absent))
+    text = json.dumps(doc)
     worker.patch_namespaced_config_map(f"{job}-reports", namespace, {"data": {"report.json": text}},
                                        _content_type="application/merge-patch+json")
 
@@ -102,3 +108,29 @@ def test_a_reported_member_leaves_the_world_only_when_nothing_listens_and_a_fals
     assert rank1 in [p.metadata.name for p in pods(cluster, namespace, "rep") if not p.metadata.deletion_timestamp]
     terminate(cluster, namespace, rank1, 137)
     wait_for(lambda: cluster.get_job(namespace, "rep")["status"]["restarts"] == 1, 10, what="the failure counted")
+
+
+def test_a_silent_member_is_re_formed_and_once_absent_from_the_rendezvous_counted_deleted_and_replaced(
+        cluster, namespace, operator):
+    cluster.create_job(namespace, job_manifest("hang"))
+    w = wait_for(lambda: (lambda w: w if len(w["members"]) == 2 else None)(world(cluster, namespace, "hang")), 20,
+                 what="a world of 2")
+    (rank0, ip0), (rank1, ip1) = [(m["pod"], m["ip"]) for m in w["members"]]
+    worker = as_worker(cluster, namespace, "hang")
+    with serving(ip0, METRICS_PORT), listening(ip1):  # rank 1 accepts and says nothing: a stopped process
+        report(worker, namespace, "hang", rank0, w["version"])
+        w2 = wait_for(lambda: (lambda x: x if x["version"] > w["version"] else None)(world(cluster, namespace, "hang")),
+                      5, 0.05, what="the re-formed world")
+        assert [m["pod"] for m in w2["members"]] == [rank0, rank1] and "the same members re-form" in w2["reason"], w2
+        assert cluster.get_job(namespace, "hang")["status"]["restarts"] == 0
+        # Rank 0 waited out the re-formed world's rendezvous: rank 1 never came.
+        report(worker, namespace, "hang", rank0, w2["version"], absent=(rank1,))
+        wait_for(lambda: cluster.get_job(namespace, "hang")["status"]["restarts"] == 1, 10,
+                 what="the hung worker counted as a failure")
+    after = world(cluster, namespace, "hang")
+    assert rank1 not in [m["pod"] for m in after["members"]], after
+    assert rank1 not in [p.metadata.name for p in pods(cluster, namespace, "hang") if not p.metadata.deletion_timestamp]
+    wait_event(cluster, namespace, "hang", "WorkerFailed", 35)
+    failed = [e.message for e in cluster.events(namespace, "hang") if e.reason == "WorkerFailed"]
+    assert len(failed) == 1 and f"Worker {rank1} failed (hung: it never arrived at world v{w2['version']}" in failed[0] \
+        and "does not answer" in failed[0], failed

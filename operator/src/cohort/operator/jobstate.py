@@ -48,6 +48,7 @@ class JobMemory:
     probe_after: dict[str, float] = dataclasses.field(default_factory=dict)  # pod -> next probe (monotonic)
     probe_failures: dict[str, int] = dataclasses.field(default_factory=dict)
     unreachable: dict[str, str] = dataclasses.field(default_factory=dict)  # pod -> evidence (reports.py)
+    hung: dict[str, str] = dataclasses.field(default_factory=dict)  # pod -> evidence (reports.stuck)
     report_checked: tuple[int, float] = (0, 0.0)  # world version, monotonic time of the last check
     reform: tuple[int, str] = (0, "")  # re-form this world version with the same members, and why (reports.py)
     reformed_at: float = float("-inf")  # monotonic time of the last re-form asked for

@@ -34,6 +34,7 @@ class PodView:
     message: str = ""  # the trainer's termination message (JSON by contract)
     replaces: str = ""
     unreachable: str = ""  # why its peers' report was confirmed: nothing listens on its port (reports.py)
+    hung: str = ""  # why it is hung: absent from a rendezvous, its trainer stuck (reports.stuck): a failure
 
     @property
     def active(self) -> bool:
@@ -43,9 +44,11 @@ class PodView:
     @property
     def admissible(self) -> bool:
         """May be a member or a spare."""
-        return self.active and self.ready and not self.unreachable
+        return self.active and self.ready and not self.unreachable and not self.hung
 
     def describe_exit(self) -> str:
+        if self.hung and not self.failed:
+            return f"hung: {self.hung}"
         parts = []
         if self.exit_code is not None:
             parts.append(f"exit code {self.exit_code}")
@@ -149,10 +152,13 @@ def trim_pod(pod: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def view_pods(pods: Iterable[dict[str, Any]], job_uid: str, unreachable: dict[str, str] | None = None) -> list[PodView]:
-    """Views sorted by ordinal (oldest first); ``unreachable``: pod -> the evidence its peers' report was checked by."""
-    views = (view_pod(p, job_uid) for p in pods)
-    if unreachable:
-        views = (dataclasses.replace(v, unreachable=unreachable[v.name]) if v.name in unreachable else v
-                 for v in views)
+def view_pods(pods: Iterable[dict[str, Any]], job_uid: str, unreachable: dict[str, str] | None = None,
+              hung: dict[str, str] | None = None) -> list[PodView]:
+    """Views sorted by ordinal (oldest first); ``unreachable`` and ``hung``: pod -> the evidence its peers'
+    report was checked by (reports.py)."""
+    unreachable, hung = unreachable or {}, hung or {}
+    views = [view_pod(p, job_uid) for p in pods]
+    if unreachable or hung:
+        views = [dataclasses.replace(v, unreachable=unreachable.get(v.name, ""), hung=hung.get(v.name, ""))
+                 for v in views]
     return sorted(views, key=lambda v: (v.index, v.name))

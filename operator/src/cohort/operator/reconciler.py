@@ -58,7 +58,7 @@ from .observe import view_pods
 from .owned import OwnedObjects
 from .pods import build_worker_pod
 from .queueing import Queues
-from .reports import REFORM_INTERVAL_S, Report, check, confirmed, parse_report
+from .reports import REFORM_INTERVAL_S, Report, check, confirmed, parse_report, stuck
 from .settings import Settings
 from .workqueue import BACKGROUND, URGENT, WorkQueue
 from .world import Member, World
@@ -125,15 +125,28 @@ class Reconciler:
                  report.pod, report.version, report.error,
                  "; ".join(f"{pod}: {why}" for pod, why in gone.items()) or
                  ("every member answers" if everyone else "none is gone, not every member answers"))
+        absent = [m for m in world.members if m.pod in report.absent and m.pod not in gone and m.pod != report.pod]
+        hung = {pod: f"it never arrived at world v{report.version}'s rendezvous, which {report.pod} waited out, and "
+                     f"{why}" for pod, why in (await stuck(absent, METRICS_PORT, report.version)).items()}
+        if hung:
+            log.warning("%s/%s: hung: %s", mem.key[0], mem.key[1], "; ".join(f"{p}: {w}" for p, w in hung.items()))
         if mem.world.version != world.version:
             return
-        if gone:
+        if gone or hung:
             mem.unreachable.update(gone)
+            mem.hung.update(hung)
             self.queue.add(mem.key, URGENT)
-        elif everyone and time.monotonic() - mem.reformed_at >= REFORM_INTERVAL_S:
+        elif (not report.absent and (everyone or report.pod in found.answering)
+              and time.monotonic() - mem.reformed_at >= REFORM_INTERVAL_S):
+            # Nobody is gone: the reporters have left this world and wait for the next. Either it was a false
+            # alarm (every member answers) and the same members go on, or a member that does not answer while
+            # the reporter does is hung, and the re-formed world's rendezvous names it absent. (A reporter that
+            # does not answer either: this operator's checks prove nothing, as when it looks gone.)
             mem.reformed_at = time.monotonic()
             mem.reform = (world.version, f"{report.pod} reported a failed collective ({report.error[:120]}) and "
-                                         "every member answers")
+                                         + ("every member answers" if everyone else
+                                            "no member is gone (one that does not answer and never arrives at "
+                                            "the next rendezvous is hung)"))
             self.queue.add(mem.key, URGENT)
 
     def job_deleted(self, key: JobKey) -> None:
@@ -258,11 +271,12 @@ class Reconciler:
         except BaseException:
             prerequisites.cancel()
             raise
-        if mem.unreachable:  # forget the evidence about pods that are gone
+        if mem.unreachable or mem.hung:  # forget the evidence about pods that are gone
             names = {(p.get("metadata") or {}).get("name") for p in pods}
             mem.unreachable = {pod: why for pod, why in mem.unreachable.items() if pod in names}
+            mem.hung = {pod: why for pod, why in mem.hung.items() if pod in names}
         inputs = Inputs(job=job, spec=spec, status=mem.status, world=mem.world,
-                        pods=view_pods(pods, mem.uid, mem.unreachable),
+                        pods=view_pods(pods, mem.uid, mem.unreachable, mem.hung),
                         now=now, straggler=mem.verdict, progress=mem.progress, admission=admission,
                         reform=mem.reform[1] if mem.reform[0] == mem.world.version else "")
         decision = decide(inputs)

@@ -18,6 +18,14 @@ When every member answers, nobody is lost: the collective failed on a timeout to
 or on the network. Its ranks have left that world and wait for the next, so the operator publishes the same
 members under a new version and they re-form in place (at most once per ``REFORM_INTERVAL_S``, so a timeout
 that is always too short cannot keep a job re-forming; after that they wait, and exit when their wait ends).
+So does a report while the reporter answers and another member accepts the connection but does not: it may
+be hung, and the re-formed world's rendezvous tells (below).
+
+A report may name members ``absent``: its writer waited out the rendezvous timeout of that world and they
+never arrived. The operator asks each for ``/progress``: one still in a step of an older world, or one that
+accepts the connection and does not answer at all, is hung (:func:`stuck`): its process is alive, so its
+kubelet will never report it, and it is counted as a failed worker, deleted and replaced. One that answers
+from the new world (it arrived late) or while waiting for one is not.
 """
 
 from __future__ import annotations
@@ -38,12 +46,16 @@ CONNECT_TIMEOUT_S = 0.5
 NO_ROUTE = (errno.EHOSTUNREACH, errno.ENETUNREACH)
 
 
+MAX_ABSENT = 64  # pods one report may name absent (it is workers' input)
+
+
 @dataclasses.dataclass(frozen=True)
 class Report:
     pod: str
     version: int
     at: float = 0.0
     error: str = ""
+    absent: tuple[str, ...] = ()  # members that never arrived at the world's rendezvous
 
 
 def parse_report(text: str | None) -> Report | None:
@@ -52,8 +64,10 @@ def parse_report(text: str | None) -> Report | None:
         return None
     try:
         raw = json.loads(text)
+        absent = raw.get("absent") or []
         return Report(pod=str(raw["pod"]), version=int(raw["version"]), at=float(raw.get("at") or 0.0),
-                      error=str(raw.get("error") or "")[:300])
+                      error=str(raw.get("error") or "")[:300],
+                      absent=tuple(str(p) for p in absent[:MAX_ABSENT]) if isinstance(absent, list) else ())
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
 
@@ -101,3 +115,37 @@ async def _probe(ip: str, port: int, timeout_s: float) -> tuple[str, bool]:
         return "", False
     finally:
         writer.close()
+
+
+async def stuck(members: Iterable[Member], port: int, version: int,
+                timeout_s: float = CONNECT_TIMEOUT_S * 2) -> dict[str, str]:
+    """Of ``members`` (reported absent from world ``version``'s rendezvous), the hung ones: pod -> evidence."""
+    members = [m for m in members if m.ip]
+    found = await asyncio.gather(*(_progress(m.ip, port, version, timeout_s) for m in members))
+    return {m.pod: why for m, why in zip(members, found, strict=True) if why}
+
+
+async def _progress(ip: str, port: int, version: int, timeout_s: float) -> str:
+    """Why the trainer at ``ip`` is hung, from its ``/progress``; '' if it is not, or if that is not known
+    (gone: the check above says so; unreachable: no evidence)."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), timeout_s)
+    except (OSError, asyncio.TimeoutError):
+        return ""
+    try:
+        writer.write(b"GET /progress HTTP/1.0\r\n\r\n")
+        raw = await asyncio.wait_for(reader.read(-1), timeout_s)  # HTTP/1.0: the trainer closes after it
+    except asyncio.TimeoutError:
+        return f"it accepts connections on {ip}:{port} and does not answer in {timeout_s:g}s"
+    except OSError:
+        return ""
+    finally:
+        writer.close()
+    try:
+        progress = json.loads(raw.split(b"\r\n\r\n", 1)[1])
+        at, state = int(progress.get("worldVersion") or 0), str(progress.get("state") or "")
+    except (IndexError, ValueError, TypeError, AttributeError):
+        return ""
+    if state == "training" and at < version:
+        return f"its trainer is still in a step of world v{at}"
+    return ""

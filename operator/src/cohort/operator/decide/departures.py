@@ -36,11 +36,12 @@ def claim(observed: Inputs, decision: Decision) -> list[PodView]:
 
 def failures(observed: Inputs, decision: Decision, ours: list[PodView], world: World,
              departures: Departures) -> str | None:
-    """Count each failed worker once (status.retiring), delete it, and take it out of the world.
+    """Count each failed worker once (status.retiring), delete it, and take it out of the world. A hung one
+    (its peers found it absent and the operator checked: reports.stuck) is a failed one whose process lives.
     Returns why the job must fail (past faultTolerance.maxRestarts), or None."""
     status, ft, now = decision.status, observed.spec.fault_tolerance, observed.now
     for view in ours:
-        if not (view.failed and not view.terminating):
+        if not ((view.failed or view.hung) and not view.terminating):
             continue
         if view.name not in status.retiring:
             status.retiring.append(view.name)
