@@ -38,8 +38,22 @@ def write_manifest(path: Path, m: dict[str, Any]) -> Path:
 
 
 def cohort(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cohort.trainer.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    """The ``cohort`` command to its end. Past ``timeout`` it gets SIGTERM, on which ``cohort run --local``
+    stops its workers (cli.py) before TimeoutExpired is raised: subprocess.run's SIGKILL would leave them
+    running, in sessions of their own, to load the machine for the tests after."""
+    proc = subprocess.Popen([sys.executable, "-m", "cohort.trainer.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def run_local(tmp: Path, m: dict[str, Any], workers: int, env: dict[str, str] | None = None,
