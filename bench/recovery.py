@@ -16,8 +16,8 @@ rank's first completed step in the first world of 4 after the kill.
   spare. Checkpoints on as the example ships them (every 100 steps).
 - Cohort, replacement: no spare. The survivors continue at 3 at once; a new
   process is started and joins when ready (a second world change, back at 4).
-- torchrun elastic (c10d rendezvous, ``--max-restarts 3``; its default
-  ``--monitor-interval`` is 0.1 s): every worker is restarted, re-imports torch,
+- torchrun elastic (c10d rendezvous, ``--max-restarts 3``, ``--monitor-interval
+  0.1``, its default in torch 2.13; bench/torchrun_elastic.py): every worker is restarted, re-imports torch,
   re-rendezvouses and reloads the newest checkpoint, which rank 0 writes every
   K steps (``--every``; torch.save and an atomic rename, bench/torchrun_worker.py).
 
