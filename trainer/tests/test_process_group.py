@@ -14,7 +14,7 @@ import threading
 import pytest
 import torch.distributed as dist
 
-from cohort.trainer.runtime.process_group import Rendezvous, Superseded, gloo_options_bound_to
+from cohort.trainer.runtime.process_group import Absent, Rendezvous, Superseded, gloo_options_bound_to
 from cohort.trainer.runtime.world import Member, World
 
 
@@ -34,12 +34,12 @@ def run_members(w: World, newer: list[threading.Event], delays: list[float], tim
         newer[rank].wait(delays[rank]) if delays[rank] else None
         try:
             Rendezvous("127.0.0.1", 0, timeout_s=timeout_s)._barrier(
-                dist.PrefixStore(f"v{w.version}", client), w, newer[rank].is_set)
+                dist.PrefixStore(f"v{w.version}", client), w, rank, newer[rank].is_set)
             outcomes[rank] = "go"
         except Superseded:
             outcomes[rank] = "superseded"
-        except TimeoutError:
-            outcomes[rank] = "timeout"
+        except Absent as e:
+            outcomes[rank] = "timeout, absent: " + ",".join(e.pods)
 
     threads = [threading.Thread(target=member, args=(r,)) for r in range(len(delays))]
     for t in threads:
@@ -71,9 +71,9 @@ def test_members_agree_when_a_newer_world_races_the_last_arrival(seed):
     assert len(set(outcomes)) == 1 and outcomes[0] in ("go", "superseded"), outcomes
 
 
-def test_a_member_that_never_arrives_times_everyone_out():
+def test_a_member_that_never_arrives_times_everyone_out_and_is_named_absent():
     outcomes = run_members(world(3), [threading.Event() for _ in range(3)], [0, 0.01], timeout_s=0.5)
-    assert outcomes == ["timeout", "timeout"]
+    assert outcomes == ["timeout, absent: p2", "timeout, absent: p2"]
 
 
 def test_gloo_options_bind_the_given_address():
