@@ -156,19 +156,11 @@ def run_phase_process(name: str, out: Path, work: Path, smoke: bool, budget: flo
            "--workdir", str(work), str(out)]
     if smoke:
         cmd.insert(2, "--smoke")
-    start = time.monotonic()
-    with open(work / f"{name}.log", "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc: int | None = proc.wait(timeout=budget + 5)
-        except subprocess.TimeoutExpired:
-            kill_tree(proc.pid)
-            proc.wait()
-            rc = None
+    rc, seconds = run_logged(cmd, work / f"{name}.log", budget + 5)
     rec = {"phase": name, "ok": False}
     with contextlib.suppress(OSError, ValueError):
         rec.update(json.loads(partial.read_text()))
-    rec["phase"], rec["seconds"], rec["budget_s"] = name, round(time.monotonic() - start, 1), round(budget)
+    rec["phase"], rec["seconds"], rec["budget_s"] = name, seconds, round(budget)
     if rc is None:
         rec["ok"] = False
         rec["error"] = f"timeout: the phase ran past its {budget:.0f}s budget and was killed" + (
@@ -179,6 +171,22 @@ def run_phase_process(name: str, out: Path, work: Path, smoke: bool, budget: flo
         rec.setdefault("error", f"the phase exited {rc} without recording a result")
         rec["log_tail"] = tail(work / f"{name}.log", 25)
     return rec
+
+
+def run_logged(cmd: list[str], log_path: Path, timeout: float,
+               env: dict[str, str] | None = None) -> tuple[int | None, float]:
+    """Run ``cmd`` in a session of its own with its output in ``log_path``; past ``timeout`` it is killed with
+    everything it started. (Its exit code, None when cut; seconds.)"""
+    start = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            rc: int | None = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)
+            proc.wait()
+            rc = None
+    return rc, round(time.monotonic() - start, 1)
 
 
 def pack_logs(work: Path, dest: Path) -> None:
@@ -581,18 +589,11 @@ def run_cohort(ph: Phase, tag: str, doc: dict[str, Any], workers: int, timeout: 
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     if ph.smoke:
         full_env["COHORT_DEVICE"] = "cpu"
-    start, wall_start = time.monotonic(), time.time()
+    wall_start = time.time()
     ph.say(f"{tag}: cohort run --workers {workers} (timeout {timeout:.0f}s)")
-    with open(run_dir / "launcher.log", "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
-        try:
-            rc: int | None = proc.wait(timeout=max(timeout, 5))
-        except subprocess.TimeoutExpired:
-            kill_tree(proc.pid)
-            proc.wait()
-            rc = None
-    res: dict[str, Any] = {"rc": rc, "timed_out": rc is None, "seconds": round(time.monotonic() - start, 1),
-                           "started_at": wall_start, "run_dir": str(run_dir)}
+    rc, seconds = run_logged(cmd, run_dir / "launcher.log", max(timeout, 5), full_env)
+    res: dict[str, Any] = {"rc": rc, "timed_out": rc is None, "seconds": seconds, "started_at": wall_start,
+                           "run_dir": str(run_dir)}
     try:
         res["summary"] = json.loads(summary_path.read_text())
     except (OSError, ValueError):
@@ -988,17 +989,9 @@ def phase_torchrun(ph: Phase) -> None:
     ph.record(workers=plan.workers, kill_step=plan.step, checkpoint_every=plan.every, max_steps=steps, command=cmd)
     timeout = ph.left() - 3
     ph.say(f"torchrun: {' '.join(cmd[3:])} (timeout {timeout:.0f}s)")
-    start = time.monotonic()
-    with open(ph.dir / "torchrun.log", "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
-        try:
-            rc: int | None = proc.wait(timeout=max(timeout, 5))
-        except subprocess.TimeoutExpired:
-            kill_tree(proc.pid)
-            proc.wait()
-            rc = None
-    r: dict[str, Any] = {"rc": rc, "timed_out": rc is None, "seconds": round(time.monotonic() - start, 1)}
+    rc, seconds = run_logged(cmd, ph.dir / "torchrun.log", max(timeout, 5),
+                             {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    r: dict[str, Any] = {"rc": rc, "timed_out": rc is None, "seconds": seconds}
     try:
         phases = torchrun_elastic.restart_phases(torchrun_elastic.events(ck), plan.workers)
     except (StopIteration, ValueError, OSError) as e:
