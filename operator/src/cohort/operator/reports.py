@@ -117,8 +117,13 @@ async def _probe(ip: str, port: int, timeout_s: float) -> tuple[str, bool]:
         writer.close()
 
 
+# How long an absent member has to answer /progress before its silence counts as a hang: generous, because a
+# busy trainer answers from a thread that competes for the GIL (the kubelet's readiness probe allows 5 s).
+STUCK_ANSWER_S = 3.0
+
+
 async def stuck(members: Iterable[Member], port: int, version: int,
-                timeout_s: float = CONNECT_TIMEOUT_S * 2) -> dict[str, str]:
+                timeout_s: float = STUCK_ANSWER_S) -> dict[str, str]:
     """Of ``members`` (reported absent from world ``version``'s rendezvous), the hung ones: pod -> evidence."""
     members = [m for m in members if m.ip]
     found = await asyncio.gather(*(_progress(m.ip, port, version, timeout_s) for m in members))

@@ -271,8 +271,8 @@ class LocalRun:
         if not reports or any(w.proc.poll() is not None for w in self.members):
             return
         self.answered_version = self.version
-        absent = {pod for r in reports for pod in r.get("absent") or ()}
-        hung = [w for w in self.members if w.name in absent]
+        absent = {pod for r in reports for pod in r.get("absent") or ()} - {r["pod"] for r in reports}
+        hung = [w for w in self.members if w.name in absent]  # a member that reported reached the rendezvous
         if hung:
             for w in hung:
                 with contextlib.suppress(ProcessLookupError):
