@@ -957,11 +957,11 @@ def rank_timeline(logs: dict[str, list[dict[str, Any]]], t_kill: float, sizes: d
     back = [pod for pod, m in ranks.items() if "first_step" in m and "group_formed" in m]
     if not back:
         return out
-    slowest = ranks[max(back, key=lambda pod: ranks[pod]["first_step"])]
+    out["slowest"] = max(back, key=lambda pod: ranks[pod]["first_step"])
+    slowest = ranks[out["slowest"]]
     failed = [m["collective_failed"] for m in ranks.values() if "collective_failed" in m]
     signs = failed + ([out["world_published"]] if "world_published" in out else [])
     formed, agreed = slowest["group_formed"], slowest.get("state_agreed", slowest["group_formed"])
-    out["slowest"] = max(back, key=lambda pod: ranks[pod]["first_step"])
     out["spans"] = {"detection": round(min(signs), 3) if signs else None,
                     "abort": round(max(teardown), 4) if teardown else None,
                     "re-form": round(formed - max([out.get("world_published", 0.0)] +
@@ -992,11 +992,12 @@ def phase_torchrun(ph: Phase) -> None:
     rc, seconds = run_logged(cmd, ph.dir / "torchrun.log", max(timeout, 5),
                              {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
     r: dict[str, Any] = {"rc": rc, "timed_out": rc is None, "seconds": seconds}
+    ended = f"torchrun {'timed out' if rc is None else 'exited ' + str(rc)}"
     try:
         phases = torchrun_elastic.restart_phases(torchrun_elastic.events(ck), plan.workers)
     except (StopIteration, ValueError, OSError) as e:
-        ph.record(ok=False, error=f"torchrun {'timed out' if rc is None else 'exited ' + str(rc)}; no restart in its "
-                                  f"events ({type(e).__name__}: {e})", log_tail=tail(ph.dir / "torchrun.log", 25), **r)
+        ph.record(ok=False, error=f"{ended}; no restart in its events ({type(e).__name__}: {e})",
+                  log_tail=tail(ph.dir / "torchrun.log", 25), **r)
         return
     r.update(restart_phases_s={k: round(v, 3) for k, v in phases.items()}, restart_s=round(phases["total"], 3),
              steps_lost=int(phases["lost"]))
@@ -1007,7 +1008,7 @@ def phase_torchrun(ph: Phase) -> None:
         # both at full size again: Cohort's slowest rank's first step with the spare, torchrun's restarted ranks'
         r["cohort_back_to_full_size_s"] = cohort["back_to_full_size_s"]
         r["cohort_over_torchrun"] = round(cohort["back_to_full_size_s"] / phases["total"], 4)
-    ph.record(ok=rc == 0, **r, **({} if rc == 0 else {"error": f"torchrun {'timed out' if rc is None else 'exited ' + str(rc)}"}))
+    ph.record(ok=rc == 0, **r, **({} if rc == 0 else {"error": ended}))
 
 
 def phase_features(ph: Phase) -> None:
