@@ -109,6 +109,7 @@ class LocalRun:
         self.sharing_told = False
         self.reformed_at = float("-inf")  # monotonic time of the last re-form after a false alarm
         self.reports_seen: tuple[int, float] | None = None  # (the directory's mtime, when first seen)
+        self.reports_read = 0  # the directory's mtime when its reports were last read
         self.answered_version = 0  # the newest world whose reports were answered (or refused)
 
     # --- processes -----------------------------------------------------------------
@@ -265,12 +266,15 @@ class LocalRun:
         now = time.monotonic()
         if self.reports_seen is None or self.reports_seen[0] != mtime:
             self.reports_seen = (mtime, now)
-        if now - self.reports_seen[1] < REPORT_SETTLE_S:
+        # Nothing new since the last read: a report about this world changes the directory (old reports stay).
+        if now - self.reports_seen[1] < REPORT_SETTLE_S or mtime == self.reports_read:
             return
+        self.reports_read = mtime
         reports = self._reports_for(self.version)
         if not reports or any(w.proc.poll() is not None for w in self.members):
             return
         self.answered_version = self.version
+        error = str(reports[0].get("error", ""))[:120]
         absent = {pod for r in reports for pod in r.get("absent") or ()} - {r["pod"] for r in reports}
         hung = [w for w in self.members if w.name in absent]  # a member that reported reached the rendezvous
         if hung:
@@ -278,10 +282,10 @@ class LocalRun:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(w.proc.pid, signal.SIGKILL)
             self._say(f"{', '.join(w.name for w in hung)} never arrived at world v{self.version}'s rendezvous "
-                      f"while {len(self.members) - len(hung)} peers waited ({str(reports[0].get('error', ''))[:120]}), "
-                      "and its process lives: hung; killed, to be replaced")
+                      f"while {len(self.members) - len(hung)} peers waited ({error}), and lived: hung; killed, "
+                      "to be replaced")
             return
-        why = f"{reports[0]['pod']} reported a failed collective ({str(reports[0].get('error', ''))[:120]})"
+        why = f"{reports[0]['pod']} reported a failed collective ({error})"
         if now - self.reformed_at < REFORM_INTERVAL_S:
             self._say(f"{why}; every member is alive, but the last re-form was {now - self.reformed_at:.0f}s ago: "
                       f"none again within {REFORM_INTERVAL_S:.0f}s (the members wait, then exit)")
