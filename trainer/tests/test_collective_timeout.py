@@ -143,6 +143,32 @@ def test_a_hung_member_that_never_arrives_at_the_re_formed_world_is_killed_and_r
 
 
 @pytest.mark.dist
+def test_a_frozen_rank_0_whose_store_never_answers_is_killed_and_replaced(tmp_path):
+    """Rank 0 stops for good at step 30 (``COHORT_FAULT_FREEZE``: SIGSTOP, its store's thread too). Its peers'
+    collective times out and the same members re-form; rank 0 hosts the rendezvous store, which its kernel still
+    accepts connections for and nothing answers. The peers give up after the rendezvous timeout, report rank 0
+    absent, and the launcher kills it. Before, torch's store client waited on its unanswered ping for minutes,
+    and once bounded, the peers' TimeoutError ended their processes."""
+    m = manifest("frozen", faultTolerance={"collectiveTimeoutSeconds": 2}, checkpoint={"everySteps": 0},
+                 workload={"epochs": 0, "maxSteps": 60})
+    s = run_local(tmp_path, m, workers=3, timeout=200,
+                  env={"COHORT_FAULT_FREEZE": "rank=0,step=30", "COHORT_PG_TIMEOUT_S": "8"})
+    assert s["step"] == 60 and s["restarts"] == 1, s
+    reasons = [w["reason"] for w in s["worlds"]]
+    assert reasons[1].startswith("the same members re-form") and reasons[2].startswith("worker frozen-worker-0 "
+                                                                                       "failed"), reasons
+    logs = {p.stem: [json.loads(line) for line in p.read_text().splitlines() if line.startswith("{")]
+            for p in (tmp_path / "run").glob("*.log")}
+    for pod in ("frozen-worker-1", "frozen-worker-2"):
+        absent = [e for e in logs[pod] if e.get("msg") == "collective failed; waiting for the next world"
+                  and e.get("absent")]
+        assert absent and absent[0]["absent"] == ["frozen-worker-0"], (pod, absent)
+        assert "rendezvous store" in absent[0]["error"], absent[0]
+        joined = [e for e in logs[pod] if e.get("msg") == "joined world"]
+        assert joined[1]["step"] == 30 and joined[1]["source"] == "peer" and joined[1]["size"] == 2, joined
+
+
+@pytest.mark.dist
 def test_time_based_checkpoints_of_a_sharded_plan_are_taken_together(tmp_path):
     """checkpoint.everySeconds is agreed by the ranks (``Trainer._due_by_seconds``): a sharded save is a
     collective, and ranks whose clocks started apart would otherwise enter it at different steps (one rank

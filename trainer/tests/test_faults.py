@@ -53,6 +53,18 @@ def test_oom_fault_parses_and_fires_once_at_its_step(monkeypatch):
         other.before_step(rank=0, step=step)
 
 
+def test_freeze_parses_and_fires_once_at_its_step_in_its_rank(monkeypatch):
+    frozen = []
+    monkeypatch.setattr("cohort.trainer.faults.freeze", lambda: frozen.append("SIGSTOP"))
+    f = Faults.from_env({"COHORT_FAULT_FREEZE": "rank=0,step=4"})
+    for step in range(2, 7):
+        f.before_step(rank=0, step=step)
+    f.before_step(rank=0, step=4)  # replayed in a new world: no second time
+    other = Faults.from_env({"COHORT_FAULT_FREEZE": "rank=0,step=4"})
+    for step in range(2, 7):
+        other.before_step(rank=1, step=step)
+    assert (f.freeze_rank, f.freeze_step, frozen) == (0, 4, ["SIGSTOP"])
+
 
 def test_rank_all_kills_every_rank_at_its_step(monkeypatch):
     kills = []

@@ -76,6 +76,28 @@ def test_a_member_that_never_arrives_times_everyone_out_and_is_named_absent():
     assert outcomes == ["timeout, absent: p2", "timeout, absent: p2"]
 
 
+def test_a_rank_0_whose_store_never_answers_is_named_absent():
+    """A stopped rank 0 (a frozen host): the kernel still accepts connections to its store's port, and nothing
+    answers them. Joining fails within the rendezvous timeout naming rank 0, so the member reports it (its
+    pod hung, if the authority finds it there) instead of ending its process with a bare TimeoutError."""
+    import socket
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)  # never accept()ed: connections complete in the backlog, no store answers them
+    try:
+        w = World(4, tuple(Member(r, f"p{r}", "127.0.0.1") for r in range(3)), "127.0.0.1",
+                  listener.getsockname()[1])
+        t0 = time.monotonic()
+        with pytest.raises(Absent) as e:
+            Rendezvous("127.0.0.1", 0, timeout_s=1.0).join(w, 2, lambda: False)
+        assert e.value.pods == ["p0"] and "rank 0's rendezvous store" in str(e.value), e.value
+        assert time.monotonic() - t0 < 10
+    finally:
+        listener.close()
+
+
 def test_gloo_options_bind_the_given_address():
     """The private torch API that binds gloo to the pod IP (local workers share one network namespace)."""
     opts = gloo_options_bound_to("127.0.0.1")

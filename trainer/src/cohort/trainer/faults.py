@@ -13,6 +13,10 @@ the others (their collective waits instead of raising).
 then the process goes on: a long pause of a live worker (a stalled read, a
 host under load), which its peers' collective timeout takes for a lost peer,
 a false alarm that the authority answers by re-forming the same members.
+``COHORT_FAULT_FREEZE=rank=R,step=S``: at step S the process holding rank R
+stops itself (SIGSTOP), every thread of it, until something kills it: a frozen
+host, on which the kernel still accepts connections that nothing answers (a
+rank 0's rendezvous store among them).
 ``COHORT_FAULT_PARTIAL=rank=R,step=S``: at step S the process holding rank R
 behaves as if its gradients' allreduce failed after writing part of its
 result, as NCCL's can: the first half of every gradient is overwritten and
@@ -76,6 +80,8 @@ class Faults:
     pause_rank: int = -1
     pause_step: int = 0
     pause_seconds: float = 10.0
+    freeze_rank: int = -1
+    freeze_step: int = 0
     oom_rank: int = -1
     oom_step: int = 0
     oom_mb: int = 4096
@@ -103,6 +109,9 @@ class Faults:
             p = _parse(env["COHORT_FAULT_PAUSE"], "COHORT_FAULT_PAUSE")
             f.pause_rank, f.pause_step = int(p["rank"]), int(p.get("step", 0))
             f.pause_seconds = p.get("seconds", 10.0)
+        if env.get("COHORT_FAULT_FREEZE"):
+            p = _parse(env["COHORT_FAULT_FREEZE"], "COHORT_FAULT_FREEZE")
+            f.freeze_rank, f.freeze_step = int(p["rank"]), int(p.get("step", 0))
         if env.get("COHORT_FAULT_PARTIAL"):
             p = _parse(env["COHORT_FAULT_PARTIAL"], "COHORT_FAULT_PARTIAL")
             f.partial_rank, f.partial_step = int(p["rank"]), int(p.get("step", 0))
@@ -134,6 +143,10 @@ class Faults:
             log.warning("fault injection: pausing", extra={"step": step, "seconds": self.pause_seconds,
                                                           "t": time.time()})
             time.sleep(self.pause_seconds)
+        if _targets(self.freeze_rank, rank) and step == self.freeze_step and crossing(self.freeze_step):
+            log.warning("fault injection: SIGSTOP self", extra={"step": step, "t": time.time()})
+            logging.shutdown()
+            freeze()
         if _targets(self.oom_rank, rank) and step == self.oom_step and crossing(self.oom_step):
             log.warning("fault injection: allocating memory", extra={"step": step, "mb": self.oom_mb})
             logging.shutdown()
@@ -169,6 +182,11 @@ class Faults:
 def die() -> None:
     """SIGKILL this process (a module function, so unit tests can record it instead)."""
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def freeze() -> None:
+    """SIGSTOP this process (a module function, so unit tests can record it instead)."""
+    os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def exhaust_memory(limit_mb: int, chunk_mb: int = 64) -> None:

@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -33,13 +34,34 @@ class Superseded(Exception):
 
 
 class Absent(TimeoutError):
-    """Members of a world that never arrived at its rendezvous while this member waited out its timeout:
-    hung processes, if their pods are still there (the authority checks; docs/contracts.md §3, Reports)."""
+    """Members of a world that never arrived at its rendezvous while this member waited out its timeout, or
+    its rank 0 whose store never answered: hung processes, if their pods are still there (the authority
+    checks; docs/contracts.md §3, Reports)."""
 
-    def __init__(self, version: int, pods: list[str], arrived: int, size: int, timeout_s: float):
-        super().__init__(f"world {version}: only {arrived}/{size} members arrived within {timeout_s:.0f}s; "
-                         f"absent: {', '.join(pods) or '?'}")
+    def __init__(self, message: str, pods: list[str]):
+        super().__init__(f"{message}; absent: {', '.join(pods) or '?'}")
         self.pods = pods
+
+
+class _StoreClient(threading.Thread):
+    """One attempt at connecting a client to a TCPStore, in a daemon thread (the call releases the GIL).
+    An attempt blocked on a stopped server ends when that process dies and the kernel closes its sockets."""
+
+    def __init__(self, addr: str, port: int):
+        super().__init__(name="cohort-store-connect", daemon=True)
+        self.addr, self.port = addr, port
+        self.store: dist.TCPStore | None = None
+        self.error: Exception | None = None
+        self.done = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.store = dist.TCPStore(self.addr, self.port, is_master=False, timeout=datetime.timedelta(seconds=2))
+        except RuntimeError as e:  # torch's DistError (refused, reset, timed out) is a RuntimeError
+            self.error = e
+        finally:
+            self.done.set()
 
 
 def gloo_options_bound_to(ip: str) -> object:
@@ -74,17 +96,27 @@ class Rendezvous:
         return self._server
 
     def _connect(self, world: World, is_newer: Callable[[], bool]) -> dist.Store:
+        """A client of rank 0's store, or :class:`Absent` naming rank 0 once the timeout passes.
+
+        Each attempt runs in its own thread (:class:`_StoreClient`): torch's client waits for the answer to
+        its first ping without a bound, and a stopped rank 0 (a frozen host) answers nothing while its kernel
+        still accepts the connection. Waiting here instead stays interruptible by a newer world."""
         deadline = time.monotonic() + self.timeout_s
+        attempt = _StoreClient(world.master_addr, world.master_port)
         while True:
-            try:
-                return dist.TCPStore(world.master_addr, world.master_port, is_master=False,
-                                     timeout=datetime.timedelta(seconds=2))
-            except (RuntimeError, dist.DistError) as e:
-                if is_newer():
-                    raise Superseded() from e
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"cannot reach rendezvous store {world.master_addr}:{world.master_port}") from e
-                time.sleep(0.05)
+            if attempt.done.wait(0.05):
+                if attempt.store is not None:
+                    return attempt.store
+                time.sleep(0.05)  # refused (nothing listening yet) or timed out: try again
+                attempt = _StoreClient(world.master_addr, world.master_port)
+            if is_newer():
+                raise Superseded() from attempt.error
+            if time.monotonic() > deadline:
+                # rank 0 hosts the store: its process is stopped or hung before hosting, if its pod is there
+                host = [m.pod for m in world.members if m.rank == 0]
+                raise Absent(f"world {world.version}: rank 0's rendezvous store {world.master_addr}:"
+                             f"{world.master_port} did not answer within {self.timeout_s:.0f}s", host) \
+                    from attempt.error
 
     def join(self, world: World, rank: int, is_newer: Callable[[], bool]) -> None:
         """Form the default process group for ``world`` as ``rank``."""
@@ -132,7 +164,8 @@ class Rendezvous:
             if outcome == b"abandoned:newer":
                 raise Superseded()
             absent = [m.pod for m in world.members if not store.check([f"arrived/{m.rank}"])]
-            raise Absent(world.version, absent, arrived, world.size, self.timeout_s)
+            raise Absent(f"world {world.version}: only {arrived}/{world.size} members arrived within "
+                         f"{self.timeout_s:.0f}s", absent)
 
     @staticmethod
     def leave() -> None:
