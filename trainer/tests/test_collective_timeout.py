@@ -118,52 +118,33 @@ def test_a_false_alarm_re_forms_the_same_members_in_place(tmp_path):
 
 
 @pytest.mark.dist
-def test_a_hung_member_that_never_arrives_at_the_re_formed_world_is_killed_and_replaced(tmp_path):
-    """Rank 1 hangs for good at step 30 (``COHORT_FAULT_HANG`` with 600 s), its process alive. Its peers'
-    collective times out (2 s) and, every process being alive, the launcher re-forms the same members; rank 1
-    never arrives at that world's rendezvous, its peers wait out the rendezvous timeout (8 s here) and report
-    it absent, and the launcher kills it: a world without it, then its replacement. Before, the peers'
-    rendezvous timeout ended their processes, and the hung one stayed a member until it died."""
-    m = manifest("hung", faultTolerance={"collectiveTimeoutSeconds": 2}, checkpoint={"everySteps": 0},
+@pytest.mark.parametrize("name,fault,lost,error", [
+    ("hung", {"COHORT_FAULT_HANG": "rank=1,step=30,seconds=600"}, 1, "members arrived"),
+    ("frozen", {"COHORT_FAULT_FREEZE": "rank=0,step=30"}, 0, "rank 0's rendezvous store"),
+], ids=["hung", "frozen"])
+def test_a_member_that_never_arrives_at_the_re_formed_world_is_killed_and_replaced(tmp_path, name, fault, lost,
+                                                                                   error):
+    """One member stops for good at step 30, its process alive: ``hung``, rank 1 sleeps (``COHORT_FAULT_HANG``
+    with 600 s); ``frozen``, rank 0 stops itself (``COHORT_FAULT_FREEZE``: SIGSTOP, its rendezvous store's thread
+    too, whose port the kernel still accepts connections on). Its peers' collective times out (2 s) and, every
+    process being alive, the launcher re-forms the same members; the stopped one never arrives at that world's
+    rendezvous (or its store never answers), its peers give up after the rendezvous timeout (8 s here) and report
+    it absent, and the launcher kills it: a world without it, then its replacement. Before, the peers' rendezvous
+    timeout ended their processes, and a frozen rank 0's peers waited on its store's unanswered ping for good."""
+    m = manifest(name, faultTolerance={"collectiveTimeoutSeconds": 2}, checkpoint={"everySteps": 0},
                  workload={"epochs": 0, "maxSteps": 60})
-    s = run_local(tmp_path, m, workers=3, timeout=200,
-                  env={"COHORT_FAULT_HANG": "rank=1,step=30,seconds=600", "COHORT_PG_TIMEOUT_S": "8"})
+    s = run_local(tmp_path, m, workers=3, timeout=200, env={**fault, "COHORT_PG_TIMEOUT_S": "8"})
     assert s["step"] == 60 and s["restarts"] == 1, s
     reasons = [w["reason"] for w in s["worlds"]]
-    assert reasons[1].startswith("the same members re-form") and reasons[2].startswith("worker hung-worker-1 failed"), \
-        reasons
+    assert reasons[1].startswith("the same members re-form"), reasons
+    assert reasons[2].startswith(f"worker {name}-worker-{lost} failed"), reasons
     logs = {p.stem: [json.loads(line) for line in p.read_text().splitlines() if line.startswith("{")]
             for p in (tmp_path / "run").glob("*.log")}
-    for pod in ("hung-worker-0", "hung-worker-2"):
+    for pod in (f"{name}-worker-{r}" for r in range(3) if r != lost):
         absent = [e for e in logs[pod] if e.get("msg") == "collective failed; waiting for the next world"
                   and e.get("absent")]
-        assert absent and absent[0]["absent"] == ["hung-worker-1"], (pod, absent)
-        joined = [e for e in logs[pod] if e.get("msg") == "joined world"]
-        assert joined[1]["step"] == 30 and joined[1]["source"] == "peer" and joined[1]["size"] == 2, joined
-
-
-@pytest.mark.dist
-def test_a_frozen_rank_0_whose_store_never_answers_is_killed_and_replaced(tmp_path):
-    """Rank 0 stops for good at step 30 (``COHORT_FAULT_FREEZE``: SIGSTOP, its store's thread too). Its peers'
-    collective times out and the same members re-form; rank 0 hosts the rendezvous store, which its kernel still
-    accepts connections for and nothing answers. The peers give up after the rendezvous timeout, report rank 0
-    absent, and the launcher kills it. Before, torch's store client waited on its unanswered ping for minutes,
-    and once bounded, the peers' TimeoutError ended their processes."""
-    m = manifest("frozen", faultTolerance={"collectiveTimeoutSeconds": 2}, checkpoint={"everySteps": 0},
-                 workload={"epochs": 0, "maxSteps": 60})
-    s = run_local(tmp_path, m, workers=3, timeout=200,
-                  env={"COHORT_FAULT_FREEZE": "rank=0,step=30", "COHORT_PG_TIMEOUT_S": "8"})
-    assert s["step"] == 60 and s["restarts"] == 1, s
-    reasons = [w["reason"] for w in s["worlds"]]
-    assert reasons[1].startswith("the same members re-form") and reasons[2].startswith("worker frozen-worker-0 "
-                                                                                       "failed"), reasons
-    logs = {p.stem: [json.loads(line) for line in p.read_text().splitlines() if line.startswith("{")]
-            for p in (tmp_path / "run").glob("*.log")}
-    for pod in ("frozen-worker-1", "frozen-worker-2"):
-        absent = [e for e in logs[pod] if e.get("msg") == "collective failed; waiting for the next world"
-                  and e.get("absent")]
-        assert absent and absent[0]["absent"] == ["frozen-worker-0"], (pod, absent)
-        assert "rendezvous store" in absent[0]["error"], absent[0]
+        assert absent and absent[0]["absent"] == [f"{name}-worker-{lost}"], (pod, absent)
+        assert error in absent[0]["error"], absent[0]
         joined = [e for e in logs[pod] if e.get("msg") == "joined world"]
         assert joined[1]["step"] == 30 and joined[1]["source"] == "peer" and joined[1]["size"] == 2, joined
 
