@@ -724,8 +724,6 @@ def phase_recovery(ph: Phase) -> None:
     plan = kill_plan(ph.smoke)
     workers, kill_step, every, steps = plan.workers, plan.step, plan.every, plan.steps
     env = {"COHORT_FAULT_KILL": f"rank={plan.rank},step={kill_step}"}
-    if not ph.smoke:
-        env["COHORT_PG_TIMEOUT_S"] = "30"  # a collective stuck on the dead peer is torn down after 30 s, not 60
     ph.record(workers=workers, kill=env["COHORT_FAULT_KILL"], checkpoint_every=every, max_steps=steps,
               env=env, nccl_env_user={k: v for k, v in os.environ.items() if k.startswith("NCCL_")})
     ph.record(nccl_pair=nccl_pair(ph, min(45.0, ph.left() / 4)))
@@ -735,7 +733,10 @@ def phase_recovery(ph: Phase) -> None:
     # restarted one is (the torchrun phase), and the spare gets its state from a live peer over NCCL.
     doc = manifest("proof-recovery", small_lm(ph.smoke, steps),
                    replicas={"min": 1, "max": workers, "target": workers, "spares": 1},
-                   checkpoint={"everySteps": every, "keep": 3}, faultTolerance={"collectiveTimeoutSeconds": 2})
+                   checkpoint={"everySteps": every, "keep": 3},
+                   # a collective stuck on the dead peer outside calm steps is torn down after 30 s, not 60
+                   faultTolerance={"collectiveTimeoutSeconds": 2,
+                                   "processGroupTimeoutSeconds": 60 if ph.smoke else 30})
     ck = ph.dir / "checkpoints"
     restore_reserve = 30 if ph.smoke else 45
     res = run_cohort(ph, "kill", doc, workers, min(120.0, ph.left() - restore_reserve), env=env, checkpoint_dir=ck)

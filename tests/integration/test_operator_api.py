@@ -66,6 +66,8 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("negative-backoff", {"faultTolerance": {"backoffSeconds": -1}}, "spec.faultTolerance.backoffSeconds"),
     ("zero-below-min-timeout", {"faultTolerance": {"belowMinTimeoutSeconds": 0}},
      "spec.faultTolerance.belowMinTimeoutSeconds"),
+    ("zero-process-group-timeout", {"faultTolerance": {"processGroupTimeoutSeconds": 0}},
+     "spec.faultTolerance.processGroupTimeoutSeconds"),
     ("cpu-lots", {"resources": {"limits": {"cpu": "lots"}}}, "spec.resources.limits.cpu"),
     ("memory-a-float", {"resources": {"requests": {"memory": 1.5}}}, "spec.resources.requests.memory"),
     ("typo-in-resources", {"resources": {"limit": {"cpu": 1}}}, "spec.resources.limit"),

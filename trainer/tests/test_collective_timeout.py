@@ -131,9 +131,9 @@ def test_a_member_that_never_arrives_at_the_re_formed_world_is_killed_and_replac
     rendezvous (or its store never answers), its peers give up after the rendezvous timeout (8 s here) and report
     it absent, and the launcher kills it: a world without it, then its replacement. Before, the peers' rendezvous
     timeout ended their processes, and a frozen rank 0's peers waited on its store's unanswered ping for good."""
-    m = manifest(name, faultTolerance={"collectiveTimeoutSeconds": 2}, checkpoint={"everySteps": 0},
-                 workload={"epochs": 0, "maxSteps": 60})
-    s = run_local(tmp_path, m, workers=3, timeout=200, env={**fault, "COHORT_PG_TIMEOUT_S": "8"})
+    m = manifest(name, faultTolerance={"collectiveTimeoutSeconds": 2, "processGroupTimeoutSeconds": 8},
+                 checkpoint={"everySteps": 0}, workload={"epochs": 0, "maxSteps": 60})
+    s = run_local(tmp_path, m, workers=3, timeout=200, env=fault)
     assert s["step"] == 60 and s["restarts"] == 1, s
     reasons = [w["reason"] for w in s["worlds"]]
     assert reasons[1].startswith("the same members re-form"), reasons
@@ -144,7 +144,7 @@ def test_a_member_that_never_arrives_at_the_re_formed_world_is_killed_and_replac
         absent = [e for e in logs[pod] if e.get("msg") == "collective failed; waiting for the next world"
                   and e.get("absent")]
         assert absent and absent[0]["absent"] == [f"{name}-worker-{lost}"], (pod, absent)
-        assert error in absent[0]["error"], absent[0]
+        assert error in absent[0]["error"] and "within 8s" in absent[0]["error"], absent[0]  # the job's timeout
         joined = [e for e in logs[pod] if e.get("msg") == "joined world"]
         assert joined[1]["step"] == 30 and joined[1]["source"] == "peer" and joined[1]["size"] == 2, joined
 

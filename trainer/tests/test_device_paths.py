@@ -40,7 +40,8 @@ def case(name: str, workload: dict[str, Any] | None = None, steps: int = 3, **sp
     if method in OWN_MOMENTUM:
         w["optimizer"] = {"momentum": 0.0}
     return name, {"workload": w, "replicas": {"min": 2, "max": 2, "target": 2},
-                  "checkpoint": {"everySteps": 2, "keep": 1}, **spec}
+                  "checkpoint": {"everySteps": 2, "keep": 1}, "faultTolerance": {"processGroupTimeoutSeconds": 15},
+                  **spec}
 
 
 def api_table() -> list[tuple[str, dict[str, Any]]]:
@@ -100,7 +101,7 @@ def _train_cases(rank: int, world: int, cases: list[tuple[str, dict[str, Any]]],
                              "metadata": {"name": "dev"}, "spec": spec})
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         os.environ["COHORT_PG_BACKEND"] = "cpu:gloo,sim:gloo"  # the simulated device's tensors go over gloo
-        env = {**os.environ, "COHORT_DEVICE": "sim", "COHORT_METRICS_PORT": "0", "COHORT_PG_TIMEOUT_S": "15", "COHORT_POD_NAME": f"rank-{rank}",
+        env = {**os.environ, "COHORT_DEVICE": "sim", "COHORT_METRICS_PORT": "0", "COHORT_POD_NAME": f"rank-{rank}",
                "COHORT_TERMINATION_LOG": f"{root}/{name}-{rank}.summary"}
         try:
             with simulated_device() as sim:

@@ -325,7 +325,14 @@ class FaultTolerance:
         doc="How long a collective of a training step may wait for its peers before the step fails and the "
             "worker reports the failure (a peer that died without closing its connections, or a hung one). "
             "0: automatic, 10 s plus 3x the median step time. The first steps of a world and the steps around "
-            "an evaluation or a checkpoint save use the process group's timeout instead.")
+            "an evaluation or a checkpoint save use processGroupTimeoutSeconds instead.")
+    process_group_timeout_seconds: int = field(
+        60, minimum=1,
+        doc="torch.distributed's process group timeout. How long a worker forming a world waits for its peers "
+            "and for rank 0's rendezvous store: past it, it reports the members that never arrived, and the "
+            "operator replaces those that are hung. Also how long a collective may wait outside calm steps: "
+            "the first steps of a world (compilation, warm-up), an evaluation, rank 0 saving a checkpoint. "
+            "Raise it when those take longer; a hung worker is found later.")
 
 
 @dataclass

@@ -26,7 +26,7 @@ CALM_AFTER = 2  # plain steps after any other work: a save's staging copy can ho
 @dataclass
 class CollectiveTimeout:
     configured_s: float   # the job's collectiveTimeoutSeconds; 0: automatic
-    group_s: float        # the process group's own timeout (COHORT_PG_TIMEOUT_S)
+    group_s: float        # the process group's own timeout (processGroupTimeoutSeconds)
     steps_per_sync: int = 1
     plain_steps: int = 0  # plain steps in a row, in this world
 

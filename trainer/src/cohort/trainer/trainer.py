@@ -135,10 +135,11 @@ class Trainer:
         self.static = isinstance(self.worlds, StaticWorld)
         if keep_process_on_nccl_errors(self.device, not self.static, os.environ):  # torch reads the process's
             log.info("NCCL errors abort the communicators and keep the process", extra={"env": NCCL_ERROR_HANDLING})
-        self.rdzv = Rendezvous(self.ip, cfg.rendezvous_port, timeout_s=float(env.get("COHORT_PG_TIMEOUT_S", "60")),
+        ft = self.spec.fault_tolerance
+        self.rdzv = Rendezvous(self.ip, cfg.rendezvous_port, timeout_s=float(ft.process_group_timeout_seconds),
                                device=self.device)
         sync = self.spec.sync
-        self.timeouts = CollectiveTimeout(self.spec.fault_tolerance.collective_timeout_seconds, self.rdzv.timeout_s,
+        self.timeouts = CollectiveTimeout(ft.collective_timeout_seconds, self.rdzv.timeout_s,
                                           steps_per_sync=sync.period if sync.algorithm != "allreduce" else 1)
         self.armed_timeout_s: float | None = None  # what the groups' collectives get now; None: unknown
         self.watch: StepWatch | None = None  # a newer world interrupts a stuck NCCL step (runtime/interrupt.py)
