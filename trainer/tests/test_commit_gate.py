@@ -19,7 +19,7 @@ import torch
 from gloo_ranks import job_spec, run_ranks
 
 from cohort.trainer.commit import CommitGate, StepDiscarded
-from cohort.trainer.faults import Faults
+from cohort.trainer.faults import Fault, Faults
 from cohort.trainer.optim import build_optimizer
 from cohort.trainer.parallel.base import PlanContext
 from cohort.trainer.parallel.registry import PARALLELISMS
@@ -42,7 +42,7 @@ def _train(rank: int, world: int, gated: bool) -> dict[str, Any]:
     optimizer = build_optimizer(module.parameters(), spec.workload.optimizer)
     gate = CommitGate(torch.device("cpu")) if gated else None
     runner = StepRunner(spec, torch.device("cpu"), stats, gate)
-    faults = Faults(partial_rank=FAULTY_RANK, partial_step=FAULTY_STEP)
+    faults = Faults(partial=Fault(FAULTY_RANK, FAULTY_STEP))
     reports: list[str] = []
     snapshot: dict[str, torch.Tensor] = {}
     discarded = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cohort.trainer.faults import Faults
+from cohort.trainer.faults import Fault, Faults
 
 
 def test_slow_fires_only_when_crossing_the_step():
@@ -43,7 +43,7 @@ def test_oom_fault_parses_and_fires_once_at_its_step(monkeypatch):
     fired = []
     monkeypatch.setattr("cohort.trainer.faults.exhaust_memory", lambda mb: fired.append(mb))
     f = Faults.from_env({"COHORT_FAULT_OOM": "rank=1,step=5,mb=256"})
-    assert (f.oom_rank, f.oom_step, f.oom_mb) == (1, 5, 256)
+    assert f.oom == Fault(1, 5, 256)
     for step in range(3, 8):
         f.before_step(rank=1, step=step)
     f.before_step(rank=1, step=5)  # replayed in a new world: no second time
@@ -63,7 +63,7 @@ def test_freeze_parses_and_fires_once_at_its_step_in_its_rank(monkeypatch):
     other = Faults.from_env({"COHORT_FAULT_FREEZE": "rank=0,step=4"})
     for step in range(2, 7):
         other.before_step(rank=1, step=step)
-    assert (f.freeze_rank, f.freeze_step, frozen) == (0, 4, ["SIGSTOP"])
+    assert (f.freeze, frozen) == (Fault(0, 4), ["SIGSTOP"])
 
 
 def test_rank_all_kills_every_rank_at_its_step(monkeypatch):
@@ -78,3 +78,22 @@ def test_rank_all_kills_every_rank_at_its_step(monkeypatch):
         assert len(kills) == rank + 1
     with pytest.raises(ValueError):
         Faults.from_env({"COHORT_FAULT_KILL": "rank=some,step=4"})
+
+
+@pytest.mark.parametrize("name,value,says", [
+    ("COHORT_FAULT_KILL", "rank=1,setp=30", "COHORT_FAULT_KILL: expected rank=R,step=S, got"),
+    ("COHORT_FAULT_HANG", "rank=1,step=30,secs=5", "COHORT_FAULT_HANG: expected rank=R,step=S,seconds=A"),
+    ("COHORT_FAULT_PAUSE", "step=30", "COHORT_FAULT_PAUSE: rank=R is required"),
+])
+def test_a_mistyped_fault_is_refused_naming_its_variable(name, value, says):
+    """A misspelt key was ignored: ``setp=30`` killed at step 0, ``secs=5`` hung for the default 30 s."""
+    with pytest.raises(ValueError, match=says):
+        Faults.from_env({name: value})
+
+
+def test_each_fault_takes_its_amount_or_its_default():
+    f = Faults.from_env({"COHORT_FAULT_SLOW": "rank=all,step=1", "COHORT_FAULT_HANG": "rank=1,step=3,seconds=7",
+                         "COHORT_FAULT_PAUSE": "rank=2,step=4", "COHORT_FAULT_OOM": "rank=0,step=2"})
+    assert (f.slow, f.hang, f.pause, f.oom) == (Fault(-2, 1, 2.0), Fault(1, 3, 7.0), Fault(2, 4, 10.0),
+                                                Fault(0, 2, 4096.0))
+    assert f.kill == f.freeze == f.partial == Fault()

@@ -52,41 +52,48 @@ log = get_logger(__name__)
 EVERY_RANK = -2  # rank=all
 
 
-def _parse(value: str, name: str) -> dict[str, float]:
-    out = {}
+@dataclass(frozen=True)
+class Fault:
+    """One fault: the rank whose holder it strikes (-1: none; :data:`EVERY_RANK`), at which step, and its
+    amount (the slow fault's factor, a hang's or pause's seconds, the OOM fault's MiB)."""
+
+    rank: int = -1
+    step: int = 0
+    amount: float = 0.0
+
+    def targets(self, rank: int) -> bool:
+        return self.rank in (rank, EVERY_RANK)
+
+
+# The environment variable's suffix (COHORT_FAULT_<KIND>) -> the name of its amount and its default.
+KINDS: dict[str, tuple[str, float]] = {
+    "slow": ("factor", 2.0), "kill": ("", 0.0), "hang": ("seconds", 30.0), "pause": ("seconds", 10.0),
+    "freeze": ("", 0.0), "partial": ("", 0.0), "oom": ("mb", 4096.0)}
+
+
+def parse(value: str, name: str, amount: str, default: float) -> Fault:
+    """``rank=R,step=S[,<amount>=A]`` (``rank=all``: every rank)."""
+    p: dict[str, float] = {}
     for part in filter(None, value.split(",")):
         key, sep, v = part.partition("=")
-        if not sep:
-            raise ValueError(f"{name}: expected key=value pairs, got {value!r}")
         key = key.strip()
-        out[key] = EVERY_RANK if key == "rank" and v.strip() == "all" else float(v)
-    return out
-
-
-def _targets(fault_rank: int, rank: int) -> bool:
-    return fault_rank in (rank, EVERY_RANK)
+        if not sep or key not in {"rank", "step", amount}:
+            raise ValueError(f"{name}: expected rank=R,step=S{f',{amount}=A' if amount else ''}, got {value!r}")
+        p[key] = EVERY_RANK if key == "rank" and v.strip() == "all" else float(v)
+    if "rank" not in p:
+        raise ValueError(f"{name}: rank=R is required, got {value!r}")
+    return Fault(int(p["rank"]), int(p.get("step", 0)), p.get(amount, default))
 
 
 @dataclass
 class Faults:
-    slow_rank: int = -1
-    slow_factor: float = 1.0
-    slow_step: int = 0
-    kill_rank: int = -1
-    kill_step: int = 0
-    hang_rank: int = -1
-    hang_step: int = 0
-    hang_seconds: float = 30.0
-    pause_rank: int = -1
-    pause_step: int = 0
-    pause_seconds: float = 10.0
-    freeze_rank: int = -1
-    freeze_step: int = 0
-    oom_rank: int = -1
-    oom_step: int = 0
-    oom_mb: int = 4096
-    partial_rank: int = -1
-    partial_step: int = 0
+    slow: Fault = Fault()
+    kill: Fault = Fault()
+    hang: Fault = Fault()
+    pause: Fault = Fault()
+    freeze: Fault = Fault()
+    partial: Fault = Fault()
+    oom: Fault = Fault()
     first_step: int | None = None  # first step this process trained
     max_seen: int = -1             # highest step this process has started
     slowed: bool = False
@@ -95,29 +102,10 @@ class Faults:
     @classmethod
     def from_env(cls, env: dict[str, str]) -> Faults:
         f = cls()
-        if env.get("COHORT_FAULT_SLOW"):
-            p = _parse(env["COHORT_FAULT_SLOW"], "COHORT_FAULT_SLOW")
-            f.slow_rank, f.slow_factor, f.slow_step = int(p["rank"]), p.get("factor", 2.0), int(p.get("step", 0))
-        if env.get("COHORT_FAULT_KILL"):
-            p = _parse(env["COHORT_FAULT_KILL"], "COHORT_FAULT_KILL")
-            f.kill_rank, f.kill_step = int(p["rank"]), int(p.get("step", 0))
-        if env.get("COHORT_FAULT_HANG"):
-            p = _parse(env["COHORT_FAULT_HANG"], "COHORT_FAULT_HANG")
-            f.hang_rank, f.hang_step = int(p["rank"]), int(p.get("step", 0))
-            f.hang_seconds = p.get("seconds", 30.0)
-        if env.get("COHORT_FAULT_PAUSE"):
-            p = _parse(env["COHORT_FAULT_PAUSE"], "COHORT_FAULT_PAUSE")
-            f.pause_rank, f.pause_step = int(p["rank"]), int(p.get("step", 0))
-            f.pause_seconds = p.get("seconds", 10.0)
-        if env.get("COHORT_FAULT_FREEZE"):
-            p = _parse(env["COHORT_FAULT_FREEZE"], "COHORT_FAULT_FREEZE")
-            f.freeze_rank, f.freeze_step = int(p["rank"]), int(p.get("step", 0))
-        if env.get("COHORT_FAULT_PARTIAL"):
-            p = _parse(env["COHORT_FAULT_PARTIAL"], "COHORT_FAULT_PARTIAL")
-            f.partial_rank, f.partial_step = int(p["rank"]), int(p.get("step", 0))
-        if env.get("COHORT_FAULT_OOM"):
-            p = _parse(env["COHORT_FAULT_OOM"], "COHORT_FAULT_OOM")
-            f.oom_rank, f.oom_step, f.oom_mb = int(p["rank"]), int(p.get("step", 0)), int(p.get("mb", 4096))
+        for kind, (amount, default) in KINDS.items():
+            name = f"COHORT_FAULT_{kind.upper()}"
+            if env.get(name):
+                setattr(f, kind, parse(env[name], name, amount, default))
         return f
 
     def before_step(self, rank: int, step: int) -> None:
@@ -129,37 +117,40 @@ class Faults:
         def crossing(at: int) -> bool:  # this process reaches step `at` now, for the first time
             return before < at <= step and first < max(at, 1)
 
-        if _targets(self.kill_rank, rank) and step == self.kill_step and crossing(self.kill_step):
+        def fires(fault: Fault) -> bool:  # at exactly its step
+            return fault.targets(rank) and step == fault.step and crossing(fault.step)
+
+        if fires(self.kill):
             log.warning("fault injection: SIGKILL self", extra={"step": step, "t": time.time()})
             logging.shutdown()
             die()
-        if _targets(self.hang_rank, rank) and step == self.hang_step and crossing(self.hang_step):
+        if fires(self.hang):
             log.warning("fault injection: hanging, then SIGKILL self",
-                        extra={"step": step, "seconds": self.hang_seconds, "t": time.time()})
+                        extra={"step": step, "seconds": self.hang.amount, "t": time.time()})
             logging.shutdown()
-            time.sleep(self.hang_seconds)
+            time.sleep(self.hang.amount)
             die()
-        if _targets(self.pause_rank, rank) and step == self.pause_step and crossing(self.pause_step):
-            log.warning("fault injection: pausing", extra={"step": step, "seconds": self.pause_seconds,
+        if fires(self.pause):
+            log.warning("fault injection: pausing", extra={"step": step, "seconds": self.pause.amount,
                                                           "t": time.time()})
-            time.sleep(self.pause_seconds)
-        if _targets(self.freeze_rank, rank) and step == self.freeze_step and crossing(self.freeze_step):
+            time.sleep(self.pause.amount)
+        if fires(self.freeze):
             log.warning("fault injection: SIGSTOP self", extra={"step": step, "t": time.time()})
             logging.shutdown()
             freeze()
-        if _targets(self.oom_rank, rank) and step == self.oom_step and crossing(self.oom_step):
-            log.warning("fault injection: allocating memory", extra={"step": step, "mb": self.oom_mb})
+        if fires(self.oom):
+            log.warning("fault injection: allocating memory", extra={"step": step, "mb": self.oom.amount})
             logging.shutdown()
-            exhaust_memory(self.oom_mb)
-        if not self.slowed and _targets(self.slow_rank, rank) and crossing(self.slow_step):
-            log.warning("fault injection: computing slower", extra={"step": step, "factor": self.slow_factor})
+            exhaust_memory(int(self.oom.amount))
+        if not self.slowed and self.slow.targets(rank) and crossing(self.slow.step):  # from its step on
+            log.warning("fault injection: computing slower", extra={"step": step, "factor": self.slow.amount})
             self.slowed = True
 
     def after_backward(self, rank: int, step: int, params: Iterable[torch.nn.Parameter],
                        report: Callable[[str], None]) -> None:
         """At the partial-write fault's step: corrupt the gradients as a half-written allreduce would, and
         ``report`` the failure (to the commit gate), once per process."""
-        if not _targets(self.partial_rank, rank) or step != self.partial_step or self.partial_done:
+        if not self.partial.targets(rank) or step != self.partial.step or self.partial_done:
             return
         self.partial_done = True
         with torch.no_grad():
@@ -172,9 +163,9 @@ class Faults:
 
     def delay(self, compute_s: float) -> float:
         """Sleep to make this step's compute ``factor`` times longer; returns the added seconds."""
-        if not self.slowed or self.slow_factor <= 1:
+        if not self.slowed or self.slow.amount <= 1:
             return 0.0
-        extra = (self.slow_factor - 1.0) * compute_s
+        extra = (self.slow.amount - 1.0) * compute_s
         time.sleep(extra)
         return extra
 
