@@ -98,6 +98,39 @@ def test_a_rank_0_whose_store_never_answers_is_named_absent():
         listener.close()
 
 
+def test_a_rank_0_that_stops_while_the_members_arrive_is_named_absent():
+    """Rank 0's store answered the connection, then its process stopped (SIGSTOP: a frozen host) while the
+    members waited for each other. torch's store client reads each answer without a bound, so the barrier's
+    next ``add`` would wait for good (it did: the test's own timeout); it names rank 0 within the rendezvous
+    timeout instead."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    host = subprocess.Popen([sys.executable, "-c", (
+        "import datetime, sys, time, torch.distributed as dist\n"
+        "s = dist.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False,"
+        " timeout=datetime.timedelta(seconds=30))\n"
+        "print(s.port, flush=True)\n"
+        "time.sleep(300)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(host.stdout.readline())  # type: ignore[union-attr]
+        client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=2))
+        client.add("up", 1)  # the store answers
+        os.kill(host.pid, signal.SIGSTOP)
+        w = World(3, tuple(Member(r, f"p{r}", "127.0.0.1") for r in range(2)), "127.0.0.1", port)
+        t0 = time.monotonic()
+        with pytest.raises(Absent) as e:
+            Rendezvous("127.0.0.1", 0, timeout_s=1.0)._barrier(dist.PrefixStore("v3", client), w, 1, lambda: False)
+        assert e.value.pods == ["p0"] and "rank 0's rendezvous store" in str(e.value), e.value
+        assert time.monotonic() - t0 < 10
+    finally:
+        host.kill()  # SIGKILL ends a stopped process too
+        host.wait()
+
+
 def test_gloo_options_bind_the_given_address():
     """The private torch API that binds gloo to the pod IP (local workers share one network namespace)."""
     opts = gloo_options_bound_to("127.0.0.1")

@@ -43,22 +43,25 @@ class Absent(TimeoutError):
         self.pods = pods
 
 
-class _StoreClient(threading.Thread):
-    """One attempt at connecting a client to a TCPStore, in a daemon thread (the call releases the GIL).
-    An attempt blocked on a stopped server ends when that process dies and the kernel closes its sockets."""
+class _InThread(threading.Thread):
+    """A call into rank 0's store, in a daemon thread: torch's store client reads each answer without a bound,
+    whatever its ``timeout`` (measured: a connection's first ping, ``add``, ``get``, ``check`` and
+    ``compare_set`` all still blocked after 12 s against a SIGSTOPped server with a 2 s timeout). Waiting
+    for the thread instead keeps the caller bounded and interruptible; the call releases the GIL, and one
+    blocked on a stopped server ends when that process dies and the kernel closes its sockets."""
 
-    def __init__(self, addr: str, port: int):
-        super().__init__(name="cohort-store-connect", daemon=True)
-        self.addr, self.port = addr, port
-        self.store: dist.TCPStore | None = None
-        self.error: Exception | None = None
+    def __init__(self, fn: Callable[[], Any]):
+        super().__init__(name="cohort-store-call", daemon=True)
+        self.fn = fn
+        self.result: Any = None
+        self.error: BaseException | None = None
         self.done = threading.Event()
         self.start()
 
     def run(self) -> None:
         try:
-            self.store = dist.TCPStore(self.addr, self.port, is_master=False, timeout=datetime.timedelta(seconds=2))
-        except RuntimeError as e:  # torch's DistError (refused, reset, timed out) is a RuntimeError
+            self.result = self.fn()
+        except BaseException as e:  # handed to the waiting caller
             self.error = e
         finally:
             self.done.set()
@@ -102,21 +105,28 @@ class Rendezvous:
         its first ping without a bound, and a stopped rank 0 (a frozen host) answers nothing while its kernel
         still accepts the connection. Waiting here instead stays interruptible by a newer world."""
         deadline = time.monotonic() + self.timeout_s
-        attempt = _StoreClient(world.master_addr, world.master_port)
+
+        def attempt() -> _InThread:
+            return _InThread(lambda: dist.TCPStore(world.master_addr, world.master_port, is_master=False,
+                                                   timeout=datetime.timedelta(seconds=2)))
+        call = attempt()
         while True:
-            if attempt.done.wait(0.05):
-                if attempt.store is not None:
-                    return attempt.store
+            if call.done.wait(0.05):
+                if call.error is None:
+                    return call.result
+                if not isinstance(call.error, RuntimeError):  # torch's DistError (refused, reset, timed out) is
+                    raise call.error
                 time.sleep(0.05)  # refused (nothing listening yet) or timed out: try again
-                attempt = _StoreClient(world.master_addr, world.master_port)
+                call = attempt()
             if is_newer():
-                raise Superseded() from attempt.error
+                raise Superseded() from call.error
             if time.monotonic() > deadline:
-                # rank 0 hosts the store: its process is stopped or hung before hosting, if its pod is there
-                host = [m.pod for m in world.members if m.rank == 0]
-                raise Absent(f"world {world.version}: rank 0's rendezvous store {world.master_addr}:"
-                             f"{world.master_port} did not answer within {self.timeout_s:.0f}s", host) \
-                    from attempt.error
+                raise self._silent_rank_0(world) from call.error
+
+    def _silent_rank_0(self, world: World) -> Absent:
+        """Rank 0 hosts the store: its process is stopped or hung, if its pod is there."""
+        return Absent(f"world {world.version}: rank 0's rendezvous store {world.master_addr}:{world.master_port} "
+                      f"did not answer within {self.timeout_s:.0f}s", [m.pod for m in world.members if m.rank == 0])
 
     def join(self, world: World, rank: int, is_newer: Callable[[], bool]) -> None:
         """Form the default process group for ``world`` as ``rank``."""
@@ -142,12 +152,33 @@ class Rendezvous:
         newer world just after the last one arrived, and the others would block in
         init_process_group until its timeout. A member that times out names the members that never
         arrived (:class:`Absent`).
+
+        The store's calls run in a thread (:class:`_InThread`): when one of them gets no answer for the
+        rendezvous timeout (rank 0 stopped while the members were arriving), this member names rank 0
+        absent and leaves the thread behind, told to write nothing more.
         """
+        beat = [time.monotonic()]  # when the thread's last store call returned
+        left = threading.Event()   # set when this member has left the thread behind
+        call = _InThread(lambda: self._arrive(store, world, rank, is_newer, beat, left))
+        while not call.done.wait(0.05):
+            if time.monotonic() - beat[0] > self.timeout_s:
+                left.set()
+                raise self._silent_rank_0(world)
+        if call.error is not None:
+            raise call.error
+
+    def _arrive(self, store: dist.Store, world: World, rank: int, is_newer: Callable[[], bool],
+                beat: list[float], left: threading.Event) -> None:
+        """The barrier's protocol (:meth:`_barrier`), noting in ``beat`` each answer of the store."""
         store.set(f"arrived/{rank}", "1")
         store.add("arrived", 1)
         deadline = time.monotonic() + self.timeout_s
-        while True:
+        while not left.is_set():
+            beat[0] = time.monotonic()
             arrived = int(store.add("arrived", 0))
+            beat[0] = time.monotonic()
+            if left.is_set():
+                return
             if arrived >= world.size:
                 outcome = store.compare_set("outcome", "", "go")
             elif is_newer():
