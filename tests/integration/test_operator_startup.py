@@ -64,3 +64,76 @@ def test_waits_until_a_crd_created_later_is_served(cluster):
     finally:
         with contextlib.suppress(ApiException):  # not there if the test failed before creating it
             cluster.ext.delete_custom_resource_definition(crd["metadata"]["name"])
+
+
+def test_readyz_says_leader_only_once_kopfs_watches_run(cluster, namespace, monkeypatch):
+    """``/readyz`` said ``leader`` as soon as the operator could lead, before kopf ran its watches: a
+    rolling upgrade took it for acting while it acted on nothing. kopf starts its watches once its startup
+    handlers end (its ready flag), so a startup handler held here keeps them from starting: the real
+    operator, against the real API server, must answer 503 meanwhile (it answered 200 ``leader``)."""
+    import json
+    import time
+    import urllib.error
+    import urllib.request
+
+    import kopf
+
+    from cohort.operator import main as operator_main
+    from cohort.operator.settings import load_settings
+    from cohort.trainer.runtime.ports import free_port
+
+    held: list[asyncio.Event] = []
+    build = operator_main.build_registry
+
+    def build_held(rec, *, kueue=False):  # the operator's own registry, plus one startup handler that waits
+        registry = build(rec, kueue=kueue)
+
+        @kopf.on.startup(registry=registry)
+        async def hold(**_kwargs):
+            await held[0].wait()
+
+        return registry
+
+    monkeypatch.setattr(operator_main, "build_registry", build_held)
+    # the client library reads $KUBECONFIG when it is imported: its default location instead
+    monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", cluster.kubeconfig)
+    health_port = free_port()
+    settings = load_settings(["--standalone", "--namespace", namespace, "--instance", "readyz-test",
+                              "--metrics-port", str(free_port()), "--health-port", str(health_port)], {})
+
+    def readyz() -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{health_port}/readyz", timeout=2) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+        except OSError:
+            return 0, {}
+
+    async def scenario() -> list[tuple[int, dict]]:
+        held.append(asyncio.Event())
+        operator = asyncio.create_task(operator_main.run(settings))
+        seen = []
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not held[0].is_set():
+                seen.append(await asyncio.to_thread(readyz))
+                if len(seen) >= 10 and all(code == 503 for code, _ in seen[-10:]):
+                    held[0].set()  # 10 answers (about 2 s) while kopf waits for its startup handler
+                await asyncio.sleep(0.2)
+            for _ in range(100):
+                seen.append(await asyncio.to_thread(readyz))
+                if seen[-1] == (200, {"role": "leader"}):
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            operator.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await operator
+        return seen
+
+    seen = asyncio.run(scenario())
+    answered = [s for s in seen if s[0]]
+    assert answered[-1] == (200, {"role": "leader"}), answered
+    held_back = answered[:answered.index((200, {"role": "leader"}))]
+    assert len(held_back) >= 10 and all(s == (503, {"role": "starting"}) for s in held_back), answered

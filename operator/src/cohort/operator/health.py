@@ -3,7 +3,8 @@
 ``/healthz`` answers 200 while the event loop runs: a wedged loop cannot
 answer, so the kubelet's liveness probe restarts the process. ``/readyz``
 answers 200 once the replica knows its role: leading with its watches
-started, or standing by for the Lease; 503 before that.
+started (kopf's ready flag), or standing by for the Lease (or holding it while
+kopf starts); 503 before that.
 
 Why not prometheus_client's server (which serves /metrics on its own port,
 main.py): it answers from a thread, so it would say "alive" while the event

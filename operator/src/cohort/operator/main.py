@@ -49,8 +49,7 @@ async def run(settings: Settings) -> int:
                                     settings.lease_s)
             health.role = "standby"
             await elector.acquire()
-        health.role = "leader"
-        return await _lead(settings, kube, metrics, elector)
+        return await _lead(settings, kube, metrics, elector, health)
     finally:
         await kube.close()
         await runner.cleanup()
@@ -81,7 +80,8 @@ async def wait_until_served(kube: Kube, *, group: str = GROUP, version: str = VE
         await asyncio.sleep(poll_s)
 
 
-async def _lead(settings: Settings, kube: Kube, metrics: OperatorMetrics, elector: LeaderElector | None) -> int:
+async def _lead(settings: Settings, kube: Kube, metrics: OperatorMetrics, elector: LeaderElector | None,
+                health: Health) -> int:
     recorder = EventRecorder(kube, metrics, settings.identity)
     rec = Reconciler(kube, settings, metrics, recorder)
     prober = Prober(rec)
@@ -98,11 +98,15 @@ async def _lead(settings: Settings, kube: Kube, metrics: OperatorMetrics, electo
                 asyncio.create_task(prober.run(), name="prober")]
     if elector is not None:
         workers.append(asyncio.create_task(elector.hold(), name="lease"))
+    watching: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     operator = asyncio.create_task(kopf.operator(
         # No stop_flag: kopf leaves its waiter for one pending after a SIGTERM and waits
         # 5 s for it as a hung task (kopf/_core/reactor/running.py). We cancel kopf instead.
-        registry=build_registry(rec, kueue=kueue), settings=kopf_settings,
+        registry=build_registry(rec, kueue=kueue), settings=kopf_settings, ready_flag=watching,
         clusterwide=settings.clusterwide, namespaces=list(settings.namespaces)), name="kopf")
+    # /readyz says "leader" once kopf runs its watches (it raises the flag when it unfreezes them, after
+    # its startup handlers), not when the Lease is won: until then this replica acts on nothing.
+    watching.add_done_callback(lambda f: setattr(health, "role", "leader") if not f.cancelled() else None)
     watched = [operator, *workers]
     code = 0
     try:
