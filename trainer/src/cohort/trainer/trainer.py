@@ -26,6 +26,7 @@ import torch.distributed as dist
 from cohort.api.jobconfig import JobConfig
 
 from . import log as logmod
+from . import progress
 from .checkpoint import Checkpointer
 from .checkpoint_schedule import CheckpointSchedule
 from .collective_timeout import CollectiveTimeout
@@ -461,7 +462,14 @@ class Trainer:
         if not force and now - self._progress_at < 0.25:  # readers poll every second or so
             return
         self._progress_at = now
-        last, total = self.ckpt.last, self._total_steps()
+        last, dp = self.ckpt.last, self.plan.dp_size if self.plan else None
+        total = progress.total_steps(self.spec.workload, self.sampler, self.state.step, dp)
+
+        sps = self.sps
+
+        def seconds_for(steps: int) -> int | None:
+            return progress.seconds_for(steps, self.sampler, dp, sps)
+
         self.metrics.update_progress(
             state="training", step=self.state.step, epoch=self.sampler.epoch, loss=self.loss_ema,
             samplesPerSecond=self.sps, plan=self.plan.describe() if self.plan else "",
@@ -472,8 +480,8 @@ class Trainer:
             evalLoss=self.eval_result.get("eval_loss"),
             lastCheckpoint=last.to_json() if last else None,
             # what a restart now would cost: the work since the newest durable checkpoint (or since step 0)
-            restartCostSeconds=self._seconds_for(self.state.step - (last.step if last else 0)),
-            stepsTotal=total, etaSeconds=self._eta_seconds(total))
+            restartCostSeconds=seconds_for(self.state.step - (last.step if last else 0)),
+            stepsTotal=total, etaSeconds=None if total is None else seconds_for(max(0, total - self.state.step)))
 
     @property
     def sps(self) -> float | None:
@@ -486,27 +494,6 @@ class Trainer:
             return None
         mfu = self.throughput.mfu(sps, self.world.size if self.world else 1)
         return round(mfu, 4) if mfu is not None else None
-
-    def _eta_seconds(self, total: int | None) -> int | None:
-        """Seconds to the last step at the current global throughput and world size."""
-        return None if total is None else self._seconds_for(max(0, total - self.state.step))
-
-    def _seconds_for(self, steps: int) -> int | None:
-        """What ``steps`` steps take at the current global throughput and world size."""
-        sps = self.sps
-        if not self.plan or not sps or sps <= 0:
-            return None
-        return round(steps * self.sampler.global_batch(self.plan.dp_size) / sps)
-
-    def _total_steps(self) -> int | None:
-        w = self.spec.workload
-        if w.max_steps > 0:
-            return w.max_steps
-        if not self.plan:
-            return None
-        per_epoch = self.sampler.num_samples // self.sampler.global_batch(self.plan.dp_size)
-        return self.state.step + self.sampler.steps_left_in_epoch(self.plan.dp_size) + \
-            per_epoch * max(0, w.epochs - self.sampler.epoch - 1)
 
     def _end_epoch(self) -> None:
         self.sampler.next_epoch()
