@@ -65,6 +65,31 @@ def _wait_for_a_peer_that_is_late(rank: int, world: int) -> dict[str, object]:
 
 
 @pytest.mark.dist
+def test_a_step_near_its_timeout_names_the_field_that_set_it():
+    auto, fixed, over = CollectiveTimeout(0, 60), CollectiveTimeout(5, 60), CollectiveTimeout(90, 60)
+    assert auto.near_limit(29.0, 60) is None and auto.near_limit(31.0, 0) is None  # under half; no timeout known
+    assert auto.near_limit(31.0, 60) == "faultTolerance.processGroupTimeoutSeconds"  # a first step, a save
+    assert auto.near_limit(8.0, 13.0) == "faultTolerance.collectiveTimeoutSeconds"   # a calm step, automatic
+    assert fixed.near_limit(3.0, 5.0) == "faultTolerance.collectiveTimeoutSeconds"
+    assert fixed.near_limit(31.0, 60) == "faultTolerance.processGroupTimeoutSeconds"
+    assert over.near_limit(50.0, 90) == "faultTolerance.collectiveTimeoutSeconds"  # it sets the long one too
+
+
+@pytest.mark.dist
+def test_a_first_step_near_the_process_group_timeout_is_a_warning_naming_the_field(tmp_path):
+    """Rank 0 stops 3.5 s before its second step (COHORT_FAULT_PAUSE): rank 1's step waits for it about 3.5 s
+    of the 6 s the first steps of a world may wait (processGroupTimeoutSeconds), so rank 1 warns, once,
+    naming the field, and the run goes on."""
+    m = manifest("near", faultTolerance={"processGroupTimeoutSeconds": 6}, checkpoint={"everySteps": 0},
+                 workload={"epochs": 0, "maxSteps": 20})
+    s = run_local(tmp_path, m, workers=2, timeout=120, env={"COHORT_FAULT_PAUSE": "rank=0,step=1,seconds=3.5"})
+    assert s["step"] == 20 and s["restarts"] == 0, s
+    lines = (tmp_path / "run" / "near-worker-1.log").read_text().splitlines()
+    near = [e for e in (json.loads(line) for line in lines if line.startswith("{")) if e.get("field")]
+    assert len(near) == 1 and near[0]["field"] == "faultTolerance.processGroupTimeoutSeconds", near
+    assert near[0]["timeout"] == 6 and 3.0 <= near[0]["seconds"] < 6 and near[0]["step"] == 2, near
+
+
 def test_a_collective_fails_after_the_timeout_set_on_the_group():
     waiting, late = run_ranks(_wait_for_a_peer_that_is_late, 2, timeout_s=60)
     assert waiting["raised"], waiting

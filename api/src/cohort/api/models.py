@@ -324,7 +324,8 @@ class FaultTolerance:
         0, minimum=0,
         doc="How long a collective of a training step may wait for its peers before the step fails and the "
             "worker reports the failure (a peer that died without closing its connections, or a hung one). "
-            "0: automatic, 10 s plus 3x the median step time. The first steps of a world and the steps around "
+            "0: automatic, 10 s plus 3x the median step time. A step that takes over half of it logs a warning "
+            "naming this field. The first steps of a world and the steps around "
             "an evaluation or a checkpoint save use processGroupTimeoutSeconds instead.")
     process_group_timeout_seconds: int = field(
         60, minimum=1,
@@ -332,7 +333,8 @@ class FaultTolerance:
             "and for rank 0's rendezvous store: past it, it reports the members that never arrived, and the "
             "operator replaces those that are hung. Also how long a collective may wait outside calm steps: "
             "the first steps of a world (compilation, warm-up), an evaluation, rank 0 saving a checkpoint. "
-            "Raise it when those take longer; a hung worker is found later.")
+            "Raise it when those take longer (a worker logs a warning naming this field when a step takes over "
+            "half of it); a hung worker is found later.")
 
 
 @dataclass

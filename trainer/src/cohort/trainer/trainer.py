@@ -143,6 +143,7 @@ class Trainer:
         self.timeouts = CollectiveTimeout(ft.collective_timeout_seconds, self.rdzv.timeout_s,
                                           steps_per_sync=sync.period if sync.algorithm != "allreduce" else 1)
         self.armed_timeout_s: float | None = None  # what the groups' collectives get now; None: unknown
+        self.near_warned: set[str] = set()  # the timeout fields a step came near (_warn_near_timeout)
         self.watch: StepWatch | None = None  # a newer world interrupts a stuck NCCL step (runtime/interrupt.py)
         self.plan: Plan | None = None
         self.world: World | None = None
@@ -365,6 +366,7 @@ class Trainer:
                     self._step(size)
                 finally:
                     self.watch.end()
+            self._warn_near_timeout()
             every = self.spec.workload.eval_every_steps
             evaluated = bool(every and self.state.step % every == 0 and not self._done())  # the final one follows
             if evaluated:
@@ -372,6 +374,18 @@ class Trainer:
             saved = self._maybe_checkpoint()
             self.timeouts.after(plain=not evaluated and not saved)
             self.clock.record(self.last_wall, samples=self.sampler.global_batch(size))
+
+    def _warn_near_timeout(self) -> None:
+        """Warn once per field when a step came near the timeout its collectives had (collective_timeout.py)."""
+        timeout = self.armed_timeout_s or 0.0
+        field = self.timeouts.near_limit(self.last_wall, timeout)
+        if field is None or field in self.near_warned:
+            return
+        self.near_warned.add(field)
+        log.warning(f"step {self.state.step} took {self.last_wall:.1f}s of the {timeout:.0f}s its collectives may "
+                    f"wait for a peer ({field}): a step {timeout / self.last_wall:.1f}x slower fails; raise it",
+                    extra={"step": self.state.step, "seconds": round(self.last_wall, 3), "timeout": timeout,
+                           "field": field})
 
     def _interrupt_grace_s(self) -> float:
         """How long a step may go on once a newer world is seen before it counts as stuck."""
