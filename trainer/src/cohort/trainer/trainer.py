@@ -486,9 +486,9 @@ class Trainer:
 
         self.metrics.update_progress(
             state="training", step=self.state.step, epoch=self.sampler.epoch, loss=self.loss_ema,
-            samplesPerSecond=self.sps, plan=self.plan.describe() if self.plan else "",
+            samplesPerSecond=sps, plan=self.plan.describe() if self.plan else "",
             worldVersion=self.world.version if self.world else 0, worldSize=self.world.size if self.world else 0,
-            tokensPerSecond=self.throughput.tokens_per_second(self.sps) if self.sps else None,
+            tokensPerSecond=self.throughput.tokens_per_second(sps) if sps else None,
             mfu=self._mfu(),
             accuracy=self.eval_result.get("accuracy"), perplexity=self.eval_result.get("perplexity"),
             evalLoss=self.eval_result.get("eval_loss"),

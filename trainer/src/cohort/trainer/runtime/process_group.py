@@ -114,9 +114,9 @@ class Rendezvous:
             if call.done.wait(0.05):
                 if call.error is None:
                     return call.result
-                if not isinstance(call.error, RuntimeError):  # torch's DistError (refused, reset, timed out) is
+                if not isinstance(call.error, RuntimeError):  # torch's DistError is a RuntimeError
                     raise call.error
-                time.sleep(0.05)  # refused (nothing listening yet) or timed out: try again
+                time.sleep(0.05)  # refused (nothing listening yet), reset or timed out: try again
                 call = attempt()
             if is_newer():
                 raise Superseded() from call.error
