@@ -454,6 +454,18 @@ def test_a_straggler_is_swapped_for_a_spare_on_another_node_never_its_own():
     assert req.replaces == "j-worker-0" and req.avoid_nodes == ("slow",)
 
 
+def test_a_straggler_s_place_goes_to_its_replacement_not_a_spare_on_its_node():
+    # make demo (2026-12-02): a failed worker's replacement (worker 2) turned Ready on the straggler's node while
+    # the straggler's own replacement (worker 3, away from it) started; when worker 3 was Ready, worker 2 took
+    # the straggler's place on the slow node and worker 3 was left over as a spare.
+    spec = {"replicas": {"target": 2, "max": 4, "spares": 1}}
+    pods = [pod(0, node="slow"), pod(1), pod(2, node="slow"), pod(3, node="fast", replaces="j-worker-0")]
+    plan = run(pods, spec=spec, status=running(1, 0, 1, 2, 3), w=world(1, 0, 1, spares=(2,)))
+    assert plan.world.names == ["j-worker-1", "j-worker-3"]
+    assert plan.delete == {"j-worker-0": "replaced as a straggler"}
+    assert "by j-worker-3" in {e.reason: e.message for e in plan.events}["StragglerReplaced"]
+
+
 @pytest.mark.parametrize("message, said", [
     ('{"error": "workload.model: no module named x"}', "workload.model: no module named x"),
     ('{"step": 60, "loss": 1.2}', ""),  # a summary says nothing went wrong

@@ -30,6 +30,7 @@ def advance_swaps(observed: Inputs, decision: Decision, world: World, by_name: d
         if r.replaces in members and r.ready:
             exclude.add(r.replaces)
             departures.why[r.replaces] = "was replaced as a straggler"
+            departures.joining.append(r.name)  # the place is its, not a spare's that may share the slow node
         elif r.replaces in members:
             pending = True
         elif r.name in members:
