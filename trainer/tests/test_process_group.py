@@ -131,6 +131,85 @@ def test_a_rank_0_that_stops_while_the_members_arrive_is_named_absent():
         host.wait()
 
 
+# A member of a 3-member world in its own process: it joins through Rendezvous.join (barrier, then gloo's
+# init_process_group through rank 0's store); after the barrier's "go", the member named in argv[4] stops or
+# dies (argv[5]), before gloo connects. Prints its outcome and how long joining took.
+_MEMBER = """
+import json, os, signal, sys, time
+from cohort.trainer.runtime import process_group as pg
+from cohort.trainer.runtime.world import Member, World
+rank, port, flag, victim, how = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
+w = World(5, tuple(Member(r, f"p{r}", "127.0.0.1") for r in range(3)), "127.0.0.1", port)
+barrier = pg.Rendezvous._barrier
+def then_fault(self, *a):
+    barrier(self, *a)
+    if rank == victim:
+        os.kill(os.getpid(), signal.SIGSTOP if how == "stop" else signal.SIGKILL)
+pg.Rendezvous._barrier = then_fault
+t0 = time.monotonic()
+try:
+    pg.Rendezvous("127.0.0.1", port, timeout_s=float(sys.argv[6])).join(w, rank, lambda: os.path.exists(flag))
+    out = {"outcome": "joined"}
+except pg.Superseded:
+    out = {"outcome": "superseded"}
+except pg.Absent as e:
+    out = {"outcome": "absent", "pods": e.pods, "error": str(e)}
+except Exception as e:
+    out = {"outcome": type(e).__name__, "error": str(e)[:300]}
+out["seconds"] = time.monotonic() - t0
+print(json.dumps(out), flush=True)
+pg.exit_process(0)
+"""
+
+
+def join_with_a_fault(tmp_path, victim: int, how: str, timeout_s: float, newer_after_s: float | None = None,
+                      limit_s: float = 60) -> dict[int, dict]:
+    """Runs the three members; returns each survivor's outcome. ``newer_after_s``: a newer world appears that
+    long after the victim's death."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from cohort.trainer.runtime.ports import free_port
+
+    port, flag = free_port(), tmp_path / "newer"
+    procs = {r: subprocess.Popen([sys.executable, "-c", _MEMBER, str(r), str(port), str(flag), str(victim), how,
+                                  str(timeout_s)], stdout=subprocess.PIPE, text=True) for r in range(3)}
+    try:
+        if newer_after_s is not None:  # the authority publishes the next world that long after the death
+            procs[victim].wait(limit_s)
+            time.sleep(newer_after_s)
+            flag.touch()
+        outcomes = {}
+        for r, p in procs.items():
+            if r != victim:
+                out, _ = p.communicate(timeout=limit_s)  # before the bound: blocked in gloo's connections
+                outcomes[r] = json.loads(out.strip().splitlines()[-1])
+        return outcomes
+    finally:
+        for p in procs.values():
+            p.kill()  # SIGKILL ends a stopped process too
+            p.wait()
+
+
+def test_a_rank_0_that_stops_as_gloo_connects_is_named_absent(tmp_path):
+    """Rank 0 stopped just after the barrier's "go", while gloo's connections go through its store: the others
+    name it absent within the rendezvous timeout (before: blocked in init_process_group for good)."""
+    outcomes = join_with_a_fault(tmp_path, victim=0, how="stop", timeout_s=2.0)
+    for r, out in outcomes.items():
+        assert out["outcome"] == "absent" and out["pods"] == ["p0"], (r, out)
+        assert "rank 0's rendezvous store" in out["error"] and out["seconds"] < 10, (r, out)
+
+
+def test_a_newer_world_interrupts_gloo_connecting_to_a_dead_member(tmp_path):
+    """A member died just after the barrier's "go": the others wait for it in gloo's connections, and the next
+    world (the authority saw the death) takes them at once, not after the rendezvous timeout (20 s here)."""
+    outcomes = join_with_a_fault(tmp_path, victim=2, how="kill", timeout_s=20.0, newer_after_s=0.5)
+    for r, out in outcomes.items():
+        assert out["outcome"] == "superseded" and out["seconds"] < 8, (r, out)
+
+
 def test_gloo_options_bind_the_given_address():
     """The private torch API that binds gloo to the pod IP (local workers share one network namespace)."""
     opts = gloo_options_bound_to("127.0.0.1")

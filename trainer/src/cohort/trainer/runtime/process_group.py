@@ -28,6 +28,10 @@ from .world import World
 
 log = get_logger(__name__)
 
+# Beyond the rendezvous timeout, how long a store call may stay unanswered before its store counts as silent:
+# gloo's waits end by themselves at the timeout while the store answers.
+_ANSWER_S = 2.0
+
 
 class Superseded(Exception):
     """A newer world was published while this one was forming or running."""
@@ -67,6 +71,67 @@ class _InThread(threading.Thread):
             self.done.set()
 
 
+class _Bounded(dist.Store):
+    """A store whose every call is bounded and interruptible, for the calls torch makes itself: gloo's
+    connections while ``init_process_group`` forms the group, and each later ``new_group`` (a device mesh's).
+
+    Each call runs in an :class:`_InThread`; one still unanswered after ``limit_s`` fails with ``silent()``
+    (rank 0 hosts the store: its process is stopped), and a newer world fails it with :class:`Superseded`.
+    A call that the store answers keeps its own outcome, a timeout of gloo's among them. torch may wrap what
+    a call raised in its own error, so the first failure is kept in ``failure`` for the caller to raise.
+    """
+
+    def __init__(self, inner: dist.Store, limit_s: float, is_newer: Callable[[], bool],
+                 silent: Callable[[], Absent]):
+        super().__init__()
+        self.inner, self.limit_s, self.is_newer, self.silent = inner, limit_s, is_newer, silent
+        self.failure: Absent | Superseded | None = None
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        call = _InThread(fn)
+        deadline = time.monotonic() + self.limit_s
+        while not call.done.wait(0.05):
+            if self.is_newer():
+                raise self._failed(Superseded())
+            if time.monotonic() > deadline:
+                raise self._failed(self.silent())
+        if call.error is not None:
+            raise call.error
+        return call.result
+
+    def _failed(self, error: Absent | Superseded) -> Absent | Superseded:
+        self.failure = self.failure or error
+        return error
+
+    # The methods torch's Python store trampoline calls (torch/csrc/distributed/c10d/init.cpp, PythonStore).
+    def set(self, key: str, value: Any) -> None:
+        self._call(lambda: self.inner.set(key, value))
+
+    def get(self, key: str) -> bytes:
+        return self._call(lambda: self.inner.get(key))
+
+    def add(self, key: str, value: int) -> int:
+        return self._call(lambda: self.inner.add(key, value))
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        return self._call(lambda: self.inner.compare_set(key, expected, desired))
+
+    def check(self, keys: list[str]) -> bool:
+        return self._call(lambda: self.inner.check(keys))
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
+        self._call(lambda: self.inner.wait(keys) if timeout is None else self.inner.wait(keys, timeout))
+
+    def deleteKey(self, key: str) -> bool:  # the trampoline calls it by its C++ name, as getNumKeys
+        return self._call(lambda: self.inner.delete_key(key))
+
+    def getNumKeys(self) -> int:
+        return self._call(lambda: self.inner.num_keys())
+
+    def clone(self) -> _Bounded:
+        return _Bounded(self.inner.clone(), self.limit_s, self.is_newer, self.silent)  # type: ignore[attr-defined]
+
+
 def gloo_options_bound_to(ip: str) -> object:
     """Gloo options whose device listens on ``ip`` (private torch API, wrapped here only).
 
@@ -84,6 +149,7 @@ class Rendezvous:
         self.device = device or torch.device("cpu")
         self._listen: socket.socket | None = None
         self._server: dist.TCPStore | None = None
+        self._bounded: _Bounded | None = None  # the current group's store: torch holds it, Python must too
 
     def _host_store(self) -> dist.TCPStore:
         if self._server is None:
@@ -134,13 +200,26 @@ class Rendezvous:
         store = dist.PrefixStore(f"v{world.version}", base)
         self._barrier(store, world, rank, is_newer)
         kwargs: dict[str, Any] = {}
+        pg_store: dist.Store = dist.PrefixStore("pg", store)
+        bounded = None
         if self.device.type == "cuda":
             kwargs["device_id"] = self.device  # binds the group to this GPU (NCCL's communicator forms eagerly)
-        elif self.bind_ip:
-            kwargs["pg_options"] = gloo_options_bound_to(self.my_ip)
-        dist.init_process_group(backend_for(self.device), store=dist.PrefixStore("pg", store), rank=rank,
-                                world_size=world.size, timeout=datetime.timedelta(seconds=self.timeout_s),
-                                **kwargs)
+        else:
+            # Gloo connects through the store: bounded, a rank 0 that stops now is named absent and a newer
+            # world interrupts the connections. Not NCCL's: its communicators connect through NCCL's own
+            # bootstrap, and its watchdog threads would call into a Python store (not tried without a GPU).
+            pg_store = bounded = _Bounded(pg_store, self.timeout_s + _ANSWER_S, is_newer,
+                                          lambda: self._silent_rank_0(world))
+            if self.bind_ip:
+                kwargs["pg_options"] = gloo_options_bound_to(self.my_ip)
+        self._bounded = bounded  # torch holds the group's store; its Python half must live as long
+        try:
+            dist.init_process_group(backend_for(self.device), store=pg_store, rank=rank, world_size=world.size,
+                                    timeout=datetime.timedelta(seconds=self.timeout_s), **kwargs)
+        except Exception as e:
+            if bounded is not None and bounded.failure is not None:
+                raise bounded.failure from e  # torch may have wrapped it in its own error
+            raise
 
     def _barrier(self, store: dist.Store, world: World, rank: int, is_newer: Callable[[], bool]) -> None:
         """Interruptible arrival barrier, so init_process_group never waits on a missing peer.
