@@ -77,31 +77,27 @@ class _Bounded(dist.Store):
 
     Each call runs in an :class:`_InThread`; one still unanswered after ``limit_s`` fails with ``silent()``
     (rank 0 hosts the store: its process is stopped), and a newer world fails it with :class:`Superseded`.
-    A call that the store answers keeps its own outcome, a timeout of gloo's among them. torch may wrap what
-    a call raised in its own error, so the first failure is kept in ``failure`` for the caller to raise.
+    A call that the store answers keeps its own outcome, a timeout of gloo's among them. What a call raises
+    reaches torch's caller unchanged (measured, torch 2.13: ``init_process_group`` raised the Absent and the
+    Superseded themselves).
     """
 
     def __init__(self, inner: dist.Store, limit_s: float, is_newer: Callable[[], bool],
                  silent: Callable[[], Absent]):
         super().__init__()
         self.inner, self.limit_s, self.is_newer, self.silent = inner, limit_s, is_newer, silent
-        self.failure: Absent | Superseded | None = None
 
     def _call(self, fn: Callable[[], Any]) -> Any:
         call = _InThread(fn)
         deadline = time.monotonic() + self.limit_s
         while not call.done.wait(0.05):
             if self.is_newer():
-                raise self._failed(Superseded())
+                raise Superseded()
             if time.monotonic() > deadline:
-                raise self._failed(self.silent())
+                raise self.silent()
         if call.error is not None:
             raise call.error
         return call.result
-
-    def _failed(self, error: Absent | Superseded) -> Absent | Superseded:
-        self.failure = self.failure or error
-        return error
 
     # The methods torch's Python store trampoline calls (torch/csrc/distributed/c10d/init.cpp, PythonStore).
     def set(self, key: str, value: Any) -> None:
@@ -149,7 +145,7 @@ class Rendezvous:
         self.device = device or torch.device("cpu")
         self._listen: socket.socket | None = None
         self._server: dist.TCPStore | None = None
-        self._bounded: _Bounded | None = None  # the current group's store: torch holds it, Python must too
+        self._group_store: dist.Store | None = None
 
     def _host_store(self) -> dist.TCPStore:
         if self._server is None:
@@ -201,25 +197,18 @@ class Rendezvous:
         self._barrier(store, world, rank, is_newer)
         kwargs: dict[str, Any] = {}
         pg_store: dist.Store = dist.PrefixStore("pg", store)
-        bounded = None
         if self.device.type == "cuda":
             kwargs["device_id"] = self.device  # binds the group to this GPU (NCCL's communicator forms eagerly)
         else:
             # Gloo connects through the store: bounded, a rank 0 that stops now is named absent and a newer
             # world interrupts the connections. Not NCCL's: its communicators connect through NCCL's own
             # bootstrap, and its watchdog threads would call into a Python store (not tried without a GPU).
-            pg_store = bounded = _Bounded(pg_store, self.timeout_s + _ANSWER_S, is_newer,
-                                          lambda: self._silent_rank_0(world))
+            pg_store = _Bounded(pg_store, self.timeout_s + _ANSWER_S, is_newer, lambda: self._silent_rank_0(world))
             if self.bind_ip:
                 kwargs["pg_options"] = gloo_options_bound_to(self.my_ip)
-        self._bounded = bounded  # torch holds the group's store; its Python half must live as long
-        try:
-            dist.init_process_group(backend_for(self.device), store=pg_store, rank=rank, world_size=world.size,
-                                    timeout=datetime.timedelta(seconds=self.timeout_s), **kwargs)
-        except Exception as e:
-            if bounded is not None and bounded.failure is not None:
-                raise bounded.failure from e  # torch may have wrapped it in its own error
-            raise
+        self._group_store = pg_store  # torch holds the group's store; a Python store's object must live as long
+        dist.init_process_group(backend_for(self.device), store=pg_store, rank=rank, world_size=world.size,
+                                timeout=datetime.timedelta(seconds=self.timeout_s), **kwargs)
 
     def _barrier(self, store: dist.Store, world: World, rank: int, is_newer: Callable[[], bool]) -> None:
         """Interruptible arrival barrier, so init_process_group never waits on a missing peer.
