@@ -3,8 +3,9 @@
 Rank 0 of a world hosts a TCPStore on its own IP (bound through a socket we
 create, so several workers sharing a host's network, as `cohort run --local`'s
 do, never collide). Each version rendezvouses under ``PrefixStore("v<N>")``. Joining is
-interruptible: while waiting for peers, a newer published world abandons the
-attempt instead of blocking until the timeout.
+interruptible and bounded: while waiting for peers (the arrival barrier, then gloo's
+connections), a newer published world abandons the attempt instead of blocking until
+the timeout, and a rank 0 whose store stops answering is named absent.
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ class Rendezvous:
     def _connect(self, world: World, is_newer: Callable[[], bool]) -> dist.Store:
         """A client of rank 0's store, or :class:`Absent` naming rank 0 once the timeout passes.
 
-        Each attempt runs in its own thread (:class:`_StoreClient`): torch's client waits for the answer to
+        Each attempt runs in its own thread (:class:`_InThread`): torch's client waits for the answer to
         its first ping without a bound, and a stopped rank 0 (a frozen host) answers nothing while its kernel
         still accepts the connection. Waiting here instead stays interruptible by a newer world."""
         deadline = time.monotonic() + self.timeout_s
