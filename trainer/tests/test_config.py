@@ -47,6 +47,31 @@ def test_invalid_specs_name_the_field(spec, field):
     assert str(e.value).startswith(field), str(e.value)
 
 
+def test_every_problem_of_a_manifest_is_named_at_once():
+    """As the API server names every unknown field in one refusal: a user fixes them in one go, not one per run
+    (before, only the first was said)."""
+    spec = {"workload": {"batchSize": 0, "modle": "mlp"}, "faultTolerance": {"processGroupTimeoutSecond": 30},
+            "resources": {"limits": {"cpu": "lots", "memory": "lots"}}}
+    with pytest.raises(ValidationError) as e:
+        from_manifest(manifest(spec))
+    fields = sorted(p.split(":", 1)[0] for p in e.value.problems)
+    assert fields == ["spec.faultTolerance.processGroupTimeoutSecond", "spec.resources.limits.cpu",
+                      "spec.resources.limits.memory", "spec.workload.batchSize", "spec.workload.modle"], fields
+    assert str(e.value) == "; ".join(e.value.problems)
+
+
+def test_cohort_validate_says_each_problem_on_a_line(tmp_path, capsys):
+    import yaml
+
+    from cohort.trainer.cli import main
+
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest({"replicas": {"min": 0}, "sync": {"algorithm": "telepathy"}})))
+    assert main(["validate", str(path)]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(":", 2)[1].strip() for line in lines] == ["spec.replicas.min", "spec.sync.algorithm"], lines
+
+
 def test_document_round_trip_and_kind_check(tmp_path):
     doc = from_manifest(manifest({"workload": {"epochs": 3}})).to_document()
     path = tmp_path / "job.json"

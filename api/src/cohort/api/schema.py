@@ -33,7 +33,15 @@ ITEM_NAME_MAX = 63
 
 
 class ValidationError(ValueError):
-    """A manifest or config is invalid. The message starts with the field path."""
+    """A manifest or config is invalid. The message starts with the field path.
+
+    :func:`parse` finds every problem of a document at once, as the API server does (it names every unknown
+    field in one refusal): each is one of ``problems``, and the message joins them with ``"; "``.
+    """
+
+    def __init__(self, *problems: str):
+        super().__init__("; ".join(problems))
+        self.problems = problems
 
 
 # resource.Quantity's serialised form, as in Kubernetes' own OpenAPI schema.
@@ -301,10 +309,8 @@ def parse(cls: type[T], data: Any, path: str = "spec") -> T:
         raise ValidationError(f"{path}: must be an object, got {type(data).__name__}")
     hints = _hints(typing.cast(type, cls))
     by_json = {_json_name(f.name): f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - set(by_json))
-    if unknown:
-        raise ValidationError(
-            f"{path}.{unknown[0]}: unknown field (known: {', '.join(sorted(by_json))})")
+    known = ", ".join(sorted(by_json))
+    problems = [f"{path}.{name}: unknown field (known: {known})" for name in sorted(set(data) - set(by_json))]
     kwargs = {}
     for jname, f in by_json.items():
         fpath = f"{path}.{jname}"
@@ -314,9 +320,14 @@ def parse(cls: type[T], data: Any, path: str = "spec") -> T:
             # defaulting: the field is then absent, defaulted or missing. So is it here.
             value = MISSING
         if value is not MISSING:
-            kwargs[f.name] = _parse_value(hints[f.name], f.metadata, value, fpath)
+            try:
+                kwargs[f.name] = _parse_value(hints[f.name], f.metadata, value, fpath)
+            except ValidationError as e:
+                problems += e.problems
         elif _default_of(f) is MISSING:
-            raise ValidationError(f"{fpath}: required field is missing")
+            problems.append(f"{fpath}: required field is missing")
+    if problems:  # the object's rules read its fields: not evaluated on fields that were refused
+        raise ValidationError(*problems)
     obj = cls(**kwargs)
     for rule, dotted in _integers_read_by_rules(typing.cast(Any, cls)):
         raw = _lookup(data, dotted)
@@ -324,11 +335,14 @@ def parse(cls: type[T], data: Any, path: str = "spec") -> T:
             # The API server keeps 2.0 as a float; a CEL rule whose result needs an integer field then
             # fails on it ("is of the type float64, expected int64") and refuses the object. Where the
             # rule's result does not need it (``a || b`` with ``a`` true), CEL absorbs the error.
-            raise ValidationError(f"{path}.{dotted}: must be an integer without a fraction point (a rule reads "
-                                  f"it), got {raw!r}")
-    for rule in getattr(cls, "__rules__", ()):
-        if not rule.check(obj):
-            raise ValidationError(f"{path}{rule.field_path or ''}: {rule.message}")
+            problems.append(f"{path}.{dotted}: must be an integer without a fraction point (a rule reads it), "
+                            f"got {raw!r}")
+    if problems:
+        raise ValidationError(*problems)
+    problems = [f"{path}{rule.field_path or ''}: {rule.message}"
+                for rule in getattr(cls, "__rules__", ()) if not _holds(rule, obj)]
+    if problems:
+        raise ValidationError(*problems)
     return obj
 
 
@@ -352,6 +366,15 @@ def _integers_read_by_rules(cls: type) -> tuple[tuple[Rule, str], ...]:
                 if tp is int and i == len(names) - 1:
                     found.append((rule, ".".join(names)))
     return tuple(dict.fromkeys(found))
+
+
+def _holds(rule: Rule, obj: Any) -> bool:
+    """Whether the object meets the rule; one whose predicate fails on it does not (in CEL, an evaluation error
+    refuses the object too)."""
+    try:
+        return bool(rule.check(obj))
+    except Exception:  # e.g. a predicate that assumes another rule held
+        return False
 
 
 def _depends_on(rule: Rule, obj: Any, dotted: str) -> bool:
@@ -424,8 +447,8 @@ def _parse_value(tp: Any, meta: typing.Mapping[str, Any], value: Any, path: str)
             return copy.deepcopy(value)
         # A null value the map's type may not hold is pruned by the API server, as a null field is.
         keep_null = _unwrap_optional(args[1])[1]
-        return {k: _parse_value(args[1], {}, v, f"{path}.{k}") for k, v in value.items()
-                if v is not None or keep_null}
+        return _each({k: v for k, v in value.items() if v is not None or keep_null},
+                     lambda k, v: _parse_value(args[1], {}, v, f"{path}.{k}"))
     elif origin is list:
         _check_type(value, list, path, "array")
         if meta.get("max_items") is not None and len(value) > meta["max_items"]:
@@ -441,9 +464,23 @@ def _parse_value(tp: Any, meta: typing.Mapping[str, Any], value: Any, path: str)
                     _check_item_string(v.get(key), longest, f"{path}[{i}].{key}")
             # A null in a declared field is pruned by the API server (one in an undeclared field is kept).
             return [{k: copy.deepcopy(x) for k, x in v.items() if x is not None or k not in declared} for v in value]
-        return [_parse_value(item, {}, v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return list(_each(dict(enumerate(value)), lambda i, v: _parse_value(item, {}, v, f"{path}[{i}]")).values())
     _check_bounds(value, meta, path)
     return value
+
+
+def _each(items: dict[Any, Any], parse_one: Callable[[Any, Any], Any]) -> dict[Any, Any]:
+    """Each item parsed; every item's problems at once."""
+    out: dict[Any, Any] = {}
+    problems: list[str] = []
+    for key, value in items.items():
+        try:
+            out[key] = parse_one(key, value)
+        except ValidationError as e:
+            problems += e.problems
+    if problems:
+        raise ValidationError(*problems)
+    return out
 
 
 def _item_strings(meta: Mapping[str, Any]) -> dict[str, int]:

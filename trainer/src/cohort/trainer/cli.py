@@ -20,8 +20,10 @@ from cohort.api import ValidationError
 from cohort.api.jobconfig import load_config, load_manifest
 
 
-def _fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
+def _fail(error: str | Exception) -> int:
+    """Exit status 2, saying why: each problem of a :class:`ValidationError` on a line of its own."""
+    for problem in getattr(error, "problems", None) or (str(error),):
+        print(f"error: {problem}", file=sys.stderr)
     return 2
 
 
@@ -82,7 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         cfg = load_manifest(args.manifest)
     except ValidationError as e:
-        return _fail(str(e))
+        return _fail(e)
     from .launcher import run_local
     from .parallel.dims import check_world_size
 
@@ -90,7 +92,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         check_world_size(cfg.spec, workers)
     except ValidationError as e:
-        return _fail(str(e))
+        return _fail(e)
     # SIGTERM (a job runner, `kill`) ends the launcher through its `finally`, which stops the workers;
     # Python's default would end it at once and leave them running, orphaned.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -98,7 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         summary = run_local(cfg, workers, checkpoint_dir=args.checkpoint_dir, run_dir=args.run_dir,
                             replace_failed=not args.no_replace, spares=args.spares)
     except RuntimeError as e:
-        return _fail(str(e))
+        return _fail(e)
     _print_summary(summary)
     if args.summary_json:
         with open(args.summary_json, "w") as f:
@@ -122,7 +124,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     try:
         cfg = load_manifest(args.manifest)
     except ValidationError as e:
-        return _fail(str(e))
+        return _fail(e)
     print(f"{args.manifest}: valid TrainingJob {cfg.name}")
     return 0
 
@@ -148,7 +150,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             hw = hw.with_overrides(memory_bytes=parse_bytes(args.gpu_memory))
         profile = profile_spec(cfg.spec)
     except (ValidationError, ValueError, FileNotFoundError, KeyError) as e:  # WorkloadError is a ValueError
-        return _fail(str(e))
+        return _fail(e)
     w, par = cfg.spec.workload, cfg.spec.parallelism
     global_batch = args.global_batch or w.batch_size * args.gpus
     candidates = rank_plans(args.gpus, profile, hw, global_batch, w.optimizer.name, w.optimizer.momentum,
