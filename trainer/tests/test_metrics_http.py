@@ -38,3 +38,19 @@ def test_healthz_is_503_while_starting_and_200_once_the_worker_can_join(served):
     assert get(port, "/healthz") == 200
     metrics.update_progress(state="training")
     assert get(port, "/healthz") == 200
+
+
+def test_progress_says_how_far_past_its_deadline_the_trainer_is_by_its_own_clock(served):
+    """``overdueSeconds`` (docs/contracts.md §4): what a membership authority reads to find a member hung in
+    an older world's step (cohort.api.progress), counted when the document is served."""
+    import json
+    import time
+
+    metrics, port = served
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/progress", timeout=5) as r:
+        assert "overdueSeconds" not in json.load(r)  # no step begun: no deadline
+    metrics.due_in(0.2)
+    time.sleep(0.5)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/progress", timeout=5) as r:
+        late = json.load(r)["overdueSeconds"]
+    assert 0.25 <= late < 5, late

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -75,11 +76,16 @@ class WorkerMetrics:
             self.checkpoint_seconds.labels(phase)
         self.progress: dict[str, Any] = {"state": "starting", "step": 0, "epoch": 0}
         self.ledger: Callable[[], dict[str, Any]] | None = None  # read live with each /progress (ledger.py)
+        self.deadline: float | None = None  # monotonic: when what the trainer does now should be over
         self._lock = threading.Lock()
 
     def update_progress(self, **fields: Any) -> None:
         with self._lock:
             self.progress.update(fields)
+
+    def due_in(self, seconds: float) -> None:
+        """What the trainer starts now should be over in ``seconds`` (``overdueSeconds`` in /progress)."""
+        self.deadline = time.monotonic() + seconds
 
     def starting(self) -> bool:
         """Still building the workload (the trainer sets another state when it can join a world)."""
@@ -89,6 +95,8 @@ class WorkerMetrics:
     def progress_json(self) -> bytes:
         with self._lock:
             doc = dict(self.progress)
+        if self.deadline is not None:  # by this process's own clock: no skew between hosts
+            doc["overdueSeconds"] = round(time.monotonic() - self.deadline, 3)
         if self.ledger is not None:
             doc["ledger"] = self.ledger()
         return json.dumps(doc).encode()

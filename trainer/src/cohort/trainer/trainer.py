@@ -354,10 +354,14 @@ class Trainer:
                     self._checkpoint_on_stop()  # a world without this worker: it is leaving for good
                 raise WorldChanged()
             if self.sampler.epoch_done(size):
+                self._due_after_a_wait()
                 self._end_epoch()
                 self.timeouts.after(plain=False)
                 continue
             self._arm_timeout(self.timeouts.for_next_step(self.clock.step_median()))
+            # A step's compute stays under its collectives' timeout (else its peers' fail), and they wait at
+            # most that long: a step not over in twice that is stuck, as its peers see it.
+            self.metrics.due_in(2 * (self.armed_timeout_s or self.rdzv.timeout_s))
             if self.watch is None:
                 self._step(size)
             else:
@@ -367,6 +371,7 @@ class Trainer:
                 finally:
                     self.watch.end()
             self._warn_near_timeout()
+            self._due_after_a_wait()
             every = self.spec.workload.eval_every_steps
             evaluated = bool(every and self.state.step % every == 0 and not self._done())  # the final one follows
             if evaluated:
@@ -374,6 +379,11 @@ class Trainer:
             saved = self._maybe_checkpoint()
             self.timeouts.after(plain=not evaluated and not saved)
             self.clock.record(self.last_wall, samples=self.sampler.global_batch(size))
+
+    def _due_after_a_wait(self) -> None:
+        """An evaluation or a save may follow, on this rank alone: its peers then wait in the next step with
+        the group's timeout (collective_timeout.py)."""
+        self.metrics.due_in(self.rdzv.timeout_s + 2 * (self.armed_timeout_s or self.rdzv.timeout_s))
 
     def _warn_near_timeout(self) -> None:
         """Warn once per field when a step came near the timeout its collectives had (collective_timeout.py)."""
@@ -589,6 +599,7 @@ class Trainer:
             log.info("checkpointed on leaving", extra={"step": self.state.step})
 
     def _finish(self) -> dict[str, Any]:
+        self._due_after_a_wait()
         self.faults.before_step(self.rank, self.state.step)  # COHORT_FAULT_KILL at the last step fires here
         self.ledger.switch("finishing")
         self.evaluate()
