@@ -12,7 +12,8 @@ import threading
 import pytest
 from tests.support.healthz import serving
 
-from cohort.operator.reports import Report, check, confirmed, parse_report, stuck
+from cohort.api.progress import OVERDUE_GRACE_S, overdue
+from cohort.operator.reports import Report, check, confirmed, in_old_worlds, parse_report, stuck
 from cohort.operator.world import Member
 
 
@@ -68,6 +69,30 @@ def test_a_member_absent_from_a_rendezvous_is_hung_only_if_its_trainer_is_stuck_
         found = asyncio.run(stuck(members, port, 5, timeout_s=0.3))
     assert found == {"stuck": "its trainer is still in a step of world v4",
                      "stopped": f"it accepts connections on 127.0.0.3:{port} and does not answer in 0.3s"}
+
+
+@pytest.mark.parametrize("doc, hung", [
+    ({"state": "training", "worldVersion": 4, "overdueSeconds": OVERDUE_GRACE_S + 0.5}, True),
+    ({"state": "training", "worldVersion": 4, "overdueSeconds": OVERDUE_GRACE_S - 0.5}, False),  # not yet
+    ({"state": "training", "worldVersion": 4, "overdueSeconds": -3.0}, False),  # time left in its step
+    ({"state": "training", "worldVersion": 5, "overdueSeconds": 60.0}, False),  # in the current world
+    ({"state": "recovering", "worldVersion": 4, "overdueSeconds": 60.0}, False),  # left the step
+    ({"state": "training", "worldVersion": 4}, False),  # a trainer that gives no deadline
+    ({"state": "training", "worldVersion": 4, "overdueSeconds": "late"}, False),  # workers' input
+])
+def test_a_member_is_overdue_only_in_an_older_world_s_step_past_its_deadline(doc, hung):
+    assert bool(overdue(doc, 5)) is hung
+
+
+def test_members_in_an_older_world_are_listed_with_the_evidence_once_overdue():
+    docs = {"127.0.0.1": {"state": "training", "worldVersion": 4, "overdueSeconds": 9.5},
+            "127.0.0.2": {"state": "training", "worldVersion": 4, "overdueSeconds": 0.1},
+            "127.0.0.3": {"state": "recovering", "worldVersion": 4}}
+    with progress_served(docs) as port:
+        members = [Member("hung", ip="127.0.0.1"), Member("leaving", ip="127.0.0.2"), Member("left", ip="127.0.0.3")]
+        found = asyncio.run(in_old_worlds(members, port, 5, timeout_s=0.3))
+    assert found == {"hung": "its trainer is still in a step of world v4, 10s past the time it allows a step",
+                     "leaving": ""}
 
 
 @contextlib.contextmanager

@@ -134,3 +134,28 @@ def test_a_silent_member_is_re_formed_and_once_absent_from_the_rendezvous_counte
     failed = [e.message for e in cluster.events(namespace, "hang") if e.reason == "WorkerFailed"]
     assert len(failed) == 1 and f"Worker {rank1} failed (hung: it never arrived at world v{w2['version']}" in failed[0] \
         and "does not answer" in failed[0], failed
+
+
+def test_a_member_still_in_an_older_world_past_its_deadline_is_hung_at_once(cluster, namespace, operator):
+    """Rank 1's trainer answers, and is still in a step of the world its peer left, 30 s past the deadline it
+    gives a step (``overdueSeconds``): hung. After the re-form the operator finds it so from its /progress and
+    replaces it, without waiting the rendezvous timeout (600 s here) for an absent report (before: it did)."""
+    cluster.create_job(namespace, job_manifest("late", faultTolerance={"processGroupTimeoutSeconds": 600}))
+    w = wait_for(lambda: (lambda w: w if len(w["members"]) == 2 else None)(world(cluster, namespace, "late")), 20,
+                 what="a world of 2")
+    (rank0, ip0), (rank1, ip1) = [(m["pod"], m["ip"]) for m in w["members"]]
+    v = w["version"]
+    worker = as_worker(cluster, namespace, "late")
+    with serving(ip0, METRICS_PORT, progress={"state": "recovering", "worldVersion": v}), \
+            serving(ip1, METRICS_PORT, progress={"state": "training", "worldVersion": v, "overdueSeconds": 30.0}):
+        report(worker, namespace, "late", rank0, v)
+        w2 = wait_for(lambda: (lambda x: x if x["version"] > v else None)(world(cluster, namespace, "late")),
+                      5, 0.05, what="the re-formed world")
+        assert "the same members re-form" in w2["reason"], w2
+        wait_for(lambda: cluster.get_job(namespace, "late")["status"]["restarts"] == 1, 15,
+                 what="the hung worker counted as a failure")
+    assert rank1 not in [p.metadata.name for p in pods(cluster, namespace, "late") if not p.metadata.deletion_timestamp]
+    wait_event(cluster, namespace, "late", "WorkerFailed", 35)
+    failed = [e.message for e in cluster.events(namespace, "late") if e.reason == "WorkerFailed"]
+    assert len(failed) == 1 and f"Worker {rank1} failed (hung: its trainer is still in a step of world v{v}, 30s " \
+        "past" in failed[0], failed

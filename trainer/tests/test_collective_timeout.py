@@ -118,14 +118,15 @@ def test_a_silently_lost_peer_is_detected_within_the_collective_timeout(tmp_path
 
 @pytest.mark.dist
 def test_a_false_alarm_re_forms_the_same_members_in_place(tmp_path):
-    """Rank 1 pauses 5 s and goes on (``COHORT_FAULT_PAUSE``): its peers' collective times out after 2 s and
+    """Rank 1 pauses 4 s and goes on (``COHORT_FAULT_PAUSE``): its peers' collective times out after 2 s and
     they report it. Every process is alive, so the launcher re-forms the same members under a new version
     (as the operator does, reports.py) and the job goes on at 3 ranks without a lost step or a restart.
     Without the launcher taking reports, all three waited for a world nobody would publish, exited when
-    their wait ran out (``COHORT_RECOVERY_WAIT_S``) and were restarted."""
+    their wait ran out (``COHORT_RECOVERY_WAIT_S``) and were restarted. (A pause past twice the timeout and
+    ``OVERDUE_GRACE_S`` more, 6 s here, is a hang: the test after the next.)"""
     m = manifest("pause", faultTolerance={"collectiveTimeoutSeconds": 2}, checkpoint={"everySteps": 0},
                  workload={"epochs": 0, "maxSteps": 60})
-    s = run_local(tmp_path, m, workers=3, env={"COHORT_FAULT_PAUSE": "rank=1,step=30,seconds=5",
+    s = run_local(tmp_path, m, workers=3, env={"COHORT_FAULT_PAUSE": "rank=1,step=30,seconds=4",
                                                "COHORT_RECOVERY_WAIT_S": "20"})
     assert s["step"] == 60 and s["restarts"] == 0, s
     reformed = [w for w in s["worlds"] if w["reason"].startswith("the same members re-form")]
@@ -143,22 +144,42 @@ def test_a_false_alarm_re_forms_the_same_members_in_place(tmp_path):
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("name,fault,lost,error", [
-    ("hung", {"COHORT_FAULT_HANG": "rank=1,step=30,seconds=600"}, 1, "members arrived"),
-    ("frozen", {"COHORT_FAULT_FREEZE": "rank=0,step=30"}, 0, "rank 0's rendezvous store"),
-], ids=["hung", "frozen"])
-def test_a_member_that_never_arrives_at_the_re_formed_world_is_killed_and_replaced(tmp_path, name, fault, lost,
-                                                                                   error):
-    """One member stops for good at step 30, its process alive: ``hung``, rank 1 sleeps (``COHORT_FAULT_HANG``
-    with 600 s); ``frozen``, rank 0 stops itself (``COHORT_FAULT_FREEZE``: SIGSTOP, its rendezvous store's thread
-    too, whose port the kernel still accepts connections on). Its peers' collective times out (2 s) and, every
-    process being alive, the launcher re-forms the same members; the stopped one never arrives at that world's
-    rendezvous (or its store never answers), its peers give up after the rendezvous timeout (8 s here) and report
-    it absent, and the launcher kills it: a world without it, then its replacement. Before, the peers' rendezvous
-    timeout ended their processes, and a frozen rank 0's peers waited on its store's unanswered ping for good."""
+def test_a_member_hung_in_a_step_is_killed_once_past_its_deadline_not_after_the_rendezvous_timeout(tmp_path):
+    """Rank 1 sleeps for good in step 30 (``COHORT_FAULT_HANG`` with 600 s), its metrics thread answering. Its
+    peers' collective times out (2 s); every process being alive, the launcher re-forms the same members, and
+    reads each member's /progress: rank 1 is still in world 1's step, past the deadline it gave it (twice the
+    2 s timeout), so it is hung: killed, and the next world goes on without it, seconds after the fault.
+    Before, its peers waited the re-formed world's rendezvous timeout (60 s here) out, then named it absent."""
+    m = manifest("hung", faultTolerance={"collectiveTimeoutSeconds": 2, "processGroupTimeoutSeconds": 60},
+                 checkpoint={"everySteps": 0}, workload={"epochs": 0, "maxSteps": 60})
+    s = run_local(tmp_path, m, workers=3, timeout=200, env={"COHORT_FAULT_HANG": "rank=1,step=30,seconds=600"})
+    assert s["step"] == 60 and s["restarts"] == 1, s
+    worlds = s["worlds"]
+    assert worlds[1]["reason"].startswith("the same members re-form"), worlds
+    assert worlds[2]["reason"].startswith("worker hung-worker-1 failed"), worlds
+    logs = {p.stem: [json.loads(line) for line in p.read_text().splitlines() if line.startswith("{")]
+            for p in (tmp_path / "run").glob("*.log")}
+    hung = [e for e in logs["hung-worker-1"] if e.get("msg") == "fault injection: hanging, then SIGKILL self"]
+    assert hung, "the fault did not fire"
+    assert worlds[2]["t"] - hung[0]["t"] < 20, (worlds, hung[0])  # 2 x 2 s + the grace, not the 60 s wait
+    for pod in ("hung-worker-0", "hung-worker-2"):
+        assert not [e for e in logs[pod] if e.get("absent")], pod  # nobody waited the rendezvous out
+        joined = [e for e in logs[pod] if e.get("msg") == "joined world"]
+        assert joined[-1]["step"] == 30 and joined[-1]["source"] == "peer" and joined[-1]["size"] == 2, joined
+
+
+@pytest.mark.dist
+def test_a_frozen_rank_0_never_answers_the_re_formed_world_and_is_killed_and_replaced(tmp_path):
+    """Rank 0 stops itself for good at step 30 (``COHORT_FAULT_FREEZE``: SIGSTOP, its rendezvous store's thread
+    and its metrics thread too, whose ports the kernel still accepts connections on). Its peers' collective
+    times out (2 s) and, every process being alive, the launcher re-forms the same members; rank 0's store never
+    answers, its peers give up after the rendezvous timeout (8 s here) and report it absent, and the launcher
+    kills it: a world without it, then its replacement. Before, the peers' rendezvous timeout ended their
+    processes, and a frozen rank 0's peers waited on its store's unanswered ping for good."""
+    name, lost, error = "frozen", 0, "rank 0's rendezvous store"
     m = manifest(name, faultTolerance={"collectiveTimeoutSeconds": 2, "processGroupTimeoutSeconds": 8},
                  checkpoint={"everySteps": 0}, workload={"epochs": 0, "maxSteps": 60})
-    s = run_local(tmp_path, m, workers=3, timeout=200, env=fault)
+    s = run_local(tmp_path, m, workers=3, timeout=200, env={"COHORT_FAULT_FREEZE": "rank=0,step=30"})
     assert s["step"] == 60 and s["restarts"] == 1, s
     reasons = [w["reason"] for w in s["worlds"]]
     assert reasons[1].startswith("the same members re-form"), reasons

@@ -58,7 +58,7 @@ from .observe import view_pods
 from .owned import OwnedObjects
 from .pods import build_worker_pod
 from .queueing import Queues
-from .reports import REFORM_INTERVAL_S, Report, check, confirmed, parse_report, stuck
+from .reports import REFORM_INTERVAL_S, Report, check, confirmed, in_old_worlds, parse_report, stuck
 from .settings import Settings
 from .workqueue import BACKGROUND, URGENT, WorkQueue
 from .world import Member, World
@@ -148,6 +148,32 @@ class Reconciler:
                                             "no member is gone (one that does not answer and never arrives at "
                                             "the next rendezvous is hung)"))
             self.queue.add(mem.key, URGENT)
+            task = asyncio.get_running_loop().create_task(self._watch_old_world(mem, world.version))
+            self._checks.add(task)
+            task.add_done_callback(self._checks.discard)
+
+    async def _watch_old_world(self, mem: JobMemory, left: int) -> None:
+        """The members of world ``left`` re-form under a newer version: one whose trainer is still in a step of
+        an older world past its own deadline is hung (cohort.api.progress), found without waiting for the new
+        world's rendezvous to time out. Until no member is in an older world, or twice the group's timeout."""
+        ft = ((mem.body or {}).get("spec") or {}).get("faultTolerance") or {}
+        until = time.monotonic() + 2 * float(ft.get("processGroupTimeoutSeconds") or 60) + 10
+        while time.monotonic() < until:
+            await asyncio.sleep(REPORT_RECHECK_S)
+            world = mem.world
+            if world.version <= left:
+                continue  # the re-formed world is not published yet
+            old = await in_old_worlds(world.members, METRICS_PORT, world.version)
+            if mem.world.version != world.version:
+                continue
+            if not old:
+                return  # every member that answers has left the older worlds
+            hung = {pod: why for pod, why in old.items() if why}
+            if hung:
+                log.warning("%s/%s: hung: %s", mem.key[0], mem.key[1], "; ".join(f"{p}: {w}" for p, w in hung.items()))
+                mem.hung.update(hung)
+                self.queue.add(mem.key, URGENT)
+                return
 
     def job_deleted(self, key: JobKey) -> None:
         self.jobs.pop(key, None)

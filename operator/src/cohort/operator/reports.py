@@ -26,6 +26,10 @@ never arrived. The operator asks each for ``/progress``: one still in a step of 
 accepts the connection and does not answer at all, is hung (:func:`stuck`): its process is alive, so its
 kubelet will never report it, and it is counted as a failed worker, deleted and replaced. One that answers
 from the new world (it arrived late) or while waiting for one is not.
+
+A hung member whose metrics thread answers is found before that: after a re-form, the members still in a
+step of an older world are asked once a second (:func:`in_old_worlds`), and one past its own deadline for
+that step (cohort.api.progress) is hung the same way.
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ import errno
 import json
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 from cohort.api.jobconfig import REFORM_INTERVAL_S as REFORM_INTERVAL_S
+from cohort.api.progress import in_old_world, overdue
 
 from .world import Member
 
@@ -126,31 +132,43 @@ async def stuck(members: Iterable[Member], port: int, version: int,
                 timeout_s: float = STUCK_ANSWER_S) -> dict[str, str]:
     """Of ``members`` (reported absent from world ``version``'s rendezvous), the hung ones: pod -> evidence."""
     members = [m for m in members if m.ip]
-    found = await asyncio.gather(*(_progress(m.ip, port, version, timeout_s) for m in members))
-    return {m.pod: why for m, why in zip(members, found, strict=True) if why}
+    found = await asyncio.gather(*(_progress(m.ip, port, timeout_s) for m in members))
+    out = {}
+    for m, (doc, silent) in zip(members, found, strict=True):
+        at = in_old_world(doc, version) if doc is not None else None
+        if silent or at is not None:
+            out[m.pod] = silent or f"its trainer is still in a step of world v{at}"
+    return out
 
 
-async def _progress(ip: str, port: int, version: int, timeout_s: float) -> str:
-    """Why the trainer at ``ip`` is hung, from its ``/progress``; '' if it is not, or if that is not known
-    (gone: the check above says so; unreachable: no evidence)."""
+async def in_old_worlds(members: Iterable[Member], port: int, version: int,
+                        timeout_s: float = STUCK_ANSWER_S) -> dict[str, str]:
+    """Of the members of world ``version``, those whose trainer is still in a step of an older world: pod ->
+    evidence that it is hung there, past its own deadline (cohort.api.progress), or '' while it is not yet."""
+    members = [m for m in members if m.ip]
+    found = await asyncio.gather(*(_progress(m.ip, port, timeout_s) for m in members))
+    return {m.pod: overdue(doc, version) for m, (doc, _) in zip(members, found, strict=True)
+            if doc is not None and in_old_world(doc, version) is not None}
+
+
+async def _progress(ip: str, port: int, timeout_s: float) -> tuple[dict[str, Any] | None, str]:
+    """(the trainer's ``/progress``, evidence that it accepts connections and does not answer): (None, '')
+    when neither is known (gone: the check above says so; unreachable: no evidence)."""
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), timeout_s)
     except (OSError, asyncio.TimeoutError):
-        return ""
+        return None, ""
     try:
         writer.write(b"GET /progress HTTP/1.0\r\n\r\n")
         raw = await asyncio.wait_for(reader.read(-1), timeout_s)  # HTTP/1.0: the trainer closes after it
     except asyncio.TimeoutError:
-        return f"it accepts connections on {ip}:{port} and does not answer in {timeout_s:g}s"
+        return None, f"it accepts connections on {ip}:{port} and does not answer in {timeout_s:g}s"
     except OSError:
-        return ""
+        return None, ""
     finally:
         writer.close()
     try:
-        progress = json.loads(raw.split(b"\r\n\r\n", 1)[1])
-        at, state = int(progress.get("worldVersion") or 0), str(progress.get("state") or "")
-    except (IndexError, ValueError, TypeError, AttributeError):
-        return ""
-    if state == "training" and at < version:
-        return f"its trainer is still in a step of world v{at}"
-    return ""
+        doc = json.loads(raw.split(b"\r\n\r\n", 1)[1])
+    except (IndexError, ValueError):
+        return None, ""
+    return (doc, "") if isinstance(doc, dict) else (None, "")

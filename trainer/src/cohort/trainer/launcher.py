@@ -19,7 +19,9 @@ left that world and wait for the next, so the same members re-form under a
 new version (at most once per ``REFORM_INTERVAL_S``), instead of waiting until
 their wait runs out and exiting. A report that names members absent from a
 world's rendezvous (its peers waited out the rendezvous timeout) while their
-processes live names hung processes: they are killed and replaced.
+processes live names hung processes: they are killed and replaced; so, sooner,
+is a member still in a step of an older world past its own deadline after a
+re-form (its /progress says so; cohort.api.progress).
 
 On a machine with a GPU the workers share it: the launcher sets no
 ``LOCAL_RANK``, so each worker takes ``cuda:0`` (runtime/device.py), and NCCL
@@ -49,6 +51,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from cohort.api.jobconfig import REFORM_INTERVAL_S, JobConfig
+from cohort.api.progress import in_old_world, overdue
 
 # A report is taken once it is this old, so that a member whose death made it is reaped first: a process
 # killed a moment ago may still be exiting when its peers' collectives have already failed on its sockets.
@@ -111,6 +114,7 @@ class LocalRun:
         self.reports_seen: tuple[int, float] | None = None  # (the directory's mtime, when first seen)
         self.reports_read = 0  # the directory's mtime when its reports were last read
         self.answered_version = 0  # the newest world whose reports were answered (or refused)
+        self.old_world_watch: tuple[int, float, float] | None = None  # (re-formed world, next look, until)
 
     # --- processes -----------------------------------------------------------------
     def _spawn(self) -> Worker:
@@ -170,14 +174,15 @@ class LocalRun:
                                "reason": reason})
 
     def _progress(self) -> dict[str, Any] | None:
-        if not self.members:
-            return None
+        return self._progress_of(self.members[0]) if self.members else None
+
+    def _progress_of(self, w: Worker) -> dict[str, Any] | None:
         try:
-            url = f"http://{self.members[0].ip}:{self.cfg.metrics_port}/progress"
-            with urllib.request.urlopen(url, timeout=0.5) as r:
-                return json.load(r)
+            with urllib.request.urlopen(f"http://{w.ip}:{self.cfg.metrics_port}/progress", timeout=0.5) as r:
+                doc = json.load(r)
         except (OSError, ValueError):
             return None
+        return doc if isinstance(doc, dict) else None
 
     def terminate(self) -> None:
         for w in self.pool:
@@ -222,6 +227,7 @@ class LocalRun:
                             self.restarts += 1
                             self._spawn()
                 self._answer_reports()
+                self._watch_old_world()
                 if any(w.exit_code == 0 for w in self.members):  # training completed (rank 0 or all)
                     self._await_members_exit(timeout_s=30)
                     return self._summary()
@@ -292,8 +298,37 @@ class LocalRun:
             return
         self.reformed_at = now
         self._publish(f"the same members re-form: {why} and every member is alive")
+        pg_timeout = self.cfg.spec.fault_tolerance.process_group_timeout_seconds
+        self.old_world_watch = (self.version, now + 1.0, now + 2 * pg_timeout + 10)
         self._say(f"{why}; every member is alive: world v{self.version} re-forms the same "
                   f"{len(self.members)} ranks in place")
+
+    def _watch_old_world(self) -> None:
+        """After a re-form, once a second: a member whose trainer is still in a step of an older world past its
+        own deadline is hung (cohort.api.progress), and is killed (then _reap replaces it) without waiting for
+        the new world's rendezvous to time out. Until no member is in an older world, or twice the timeout."""
+        if self.old_world_watch is None:
+            return
+        version, next_look, until = self.old_world_watch
+        now = time.monotonic()
+        if version != self.version or now > until:
+            self.old_world_watch = None  # another change took over, or the rendezvous timeout's path did
+            return
+        if now < next_look:
+            return
+        self.old_world_watch = (version, now + 1.0, until)
+        old = {w.name: overdue(doc, version) for w in self.members
+               if (doc := self._progress_of(w)) is not None and in_old_world(doc, version) is not None}
+        if not old:
+            self.old_world_watch = None  # every member that answers has left the older worlds
+            return
+        hung = [w for w in self.members if old.get(w.name)]
+        for w in hung:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(w.proc.pid, signal.SIGKILL)
+            self._say(f"{w.name} is hung: {old[w.name]}; killed, to be replaced")
+        if hung:
+            self.old_world_watch = None
 
     def _reports_for(self, version: int) -> list[dict[str, Any]]:
         """The members' reports about world ``version`` (runtime/world.py writes them), oldest first."""
