@@ -28,6 +28,11 @@ def in_old_world(progress: Mapping[str, Any], version: int) -> int | None:
     return at if state == "training" and at < version else None
 
 
+def in_a_step_of(at: int) -> str:
+    """The evidence that a member's trainer is in a step of world ``at`` (older than the current one)."""
+    return f"its trainer is still in a step of world v{at}"
+
+
 def overdue(progress: Mapping[str, Any], version: int) -> str:
     """Why the trainer is hung in an older world's step, past its deadline; '' if it is not (or not known)."""
     at = in_old_world(progress, version)
@@ -37,4 +42,12 @@ def overdue(progress: Mapping[str, Any], version: int) -> str:
         return ""
     if at is None or late <= OVERDUE_GRACE_S:
         return ""
-    return f"its trainer is still in a step of world v{at}, {late:.0f}s past the time it allows a step"
+    return f"{in_a_step_of(at)}, {late:.0f}s past the time it allows a step"
+
+
+def in_old_worlds(found: Mapping[str, Mapping[str, Any] | None], version: int) -> dict[str, str]:
+    """Of the members' ``/progress`` (name -> document, None where none was read), those whose trainer is
+    still in a step of an older world than ``version``: name -> evidence that it is hung there, past its own
+    deadline (:func:`overdue`), or '' while it is not yet."""
+    return {name: overdue(doc, version) for name, doc in found.items()
+            if doc is not None and in_old_world(doc, version) is not None}

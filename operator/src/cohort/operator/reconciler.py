@@ -28,7 +28,7 @@ import logging
 import time
 from typing import Any
 
-from cohort.api.models import MANAGED_BY_SELF, RunPolicy, TrainingJobSpec, TrainingJobStatus
+from cohort.api.models import MANAGED_BY_SELF, FaultTolerance, RunPolicy, TrainingJobSpec, TrainingJobStatus
 from cohort.api.schema import ValidationError, parse, to_dict
 
 from .decide import Inputs, decide
@@ -156,8 +156,12 @@ class Reconciler:
         """The members of world ``left`` re-form under a newer version: one whose trainer is still in a step of
         an older world past its own deadline is hung (cohort.api.progress), found without waiting for the new
         world's rendezvous to time out. Until no member is in an older world, or twice the group's timeout."""
-        ft = ((mem.body or {}).get("spec") or {}).get("faultTolerance") or {}
-        until = time.monotonic() + 2 * float(ft.get("processGroupTimeoutSeconds") or 60) + 10
+        try:
+            ft = parse(FaultTolerance, ((mem.body or {}).get("spec") or {}).get("faultTolerance"),
+                       "spec.faultTolerance")
+        except ValidationError:
+            return  # the reconciler says why the job is refused
+        until = time.monotonic() + 2 * ft.process_group_timeout_seconds + 10
         while time.monotonic() < until:
             await asyncio.sleep(REPORT_RECHECK_S)
             world = mem.world

@@ -42,8 +42,9 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from cohort.api import progress
 from cohort.api.jobconfig import REFORM_INTERVAL_S as REFORM_INTERVAL_S
-from cohort.api.progress import in_old_world, overdue
+from cohort.api.progress import in_a_step_of, in_old_world
 
 from .world import Member
 
@@ -131,13 +132,13 @@ STUCK_ANSWER_S = 3.0
 async def stuck(members: Iterable[Member], port: int, version: int,
                 timeout_s: float = STUCK_ANSWER_S) -> dict[str, str]:
     """Of ``members`` (reported absent from world ``version``'s rendezvous), the hung ones: pod -> evidence."""
-    members = [m for m in members if m.ip]
-    found = await asyncio.gather(*(_progress(m.ip, port, timeout_s) for m in members))
     out = {}
-    for m, (doc, silent) in zip(members, found, strict=True):
+    for pod, (doc, silent) in (await _ask(members, port, timeout_s)).items():
         at = in_old_world(doc, version) if doc is not None else None
-        if silent or at is not None:
-            out[m.pod] = silent or f"its trainer is still in a step of world v{at}"
+        if silent:
+            out[pod] = silent
+        elif at is not None:
+            out[pod] = in_a_step_of(at)
     return out
 
 
@@ -145,10 +146,17 @@ async def in_old_worlds(members: Iterable[Member], port: int, version: int,
                         timeout_s: float = STUCK_ANSWER_S) -> dict[str, str]:
     """Of the members of world ``version``, those whose trainer is still in a step of an older world: pod ->
     evidence that it is hung there, past its own deadline (cohort.api.progress), or '' while it is not yet."""
+    found = await _ask(members, port, timeout_s)
+    return progress.in_old_worlds({pod: doc for pod, (doc, _) in found.items()}, version)
+
+
+async def _ask(members: Iterable[Member], port: int,
+               timeout_s: float) -> dict[str, tuple[dict[str, Any] | None, str]]:
+    """Every member's answer to ``GET /progress`` at once (:func:`_progress`), by pod; members without an IP
+    are left out."""
     members = [m for m in members if m.ip]
     found = await asyncio.gather(*(_progress(m.ip, port, timeout_s) for m in members))
-    return {m.pod: overdue(doc, version) for m, (doc, _) in zip(members, found, strict=True)
-            if doc is not None and in_old_world(doc, version) is not None}
+    return {m.pod: answer for m, answer in zip(members, found, strict=True)}
 
 
 async def _progress(ip: str, port: int, timeout_s: float) -> tuple[dict[str, Any] | None, str]:

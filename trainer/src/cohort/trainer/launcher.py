@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from cohort.api.jobconfig import REFORM_INTERVAL_S, JobConfig
-from cohort.api.progress import in_old_world, overdue
+from cohort.api.progress import in_old_worlds
 
 # A report is taken once it is this old, so that a member whose death made it is reaped first: a process
 # killed a moment ago may still be exiting when its peers' collectives have already failed on its sockets.
@@ -317,8 +317,7 @@ class LocalRun:
         if now < next_look:
             return
         self.old_world_watch = (version, now + 1.0, until)
-        old = {w.name: overdue(doc, version) for w in self.members
-               if (doc := self._progress_of(w)) is not None and in_old_world(doc, version) is not None}
+        old = in_old_worlds({w.name: self._progress_of(w) for w in self.members}, version)
         if not old:
             self.old_world_watch = None  # every member that answers has left the older worlds
             return

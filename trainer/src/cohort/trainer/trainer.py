@@ -359,9 +359,7 @@ class Trainer:
                 self.timeouts.after(plain=False)
                 continue
             self._arm_timeout(self.timeouts.for_next_step(self.clock.step_median()))
-            # A step's compute stays under its collectives' timeout (else its peers' fail), and they wait at
-            # most that long: a step not over in twice that is stuck, as its peers see it.
-            self.metrics.due_in(2 * (self.armed_timeout_s or self.rdzv.timeout_s))
+            self.metrics.due_in(self._step_allowance_s())
             if self.watch is None:
                 self._step(size)
             else:
@@ -383,7 +381,12 @@ class Trainer:
     def _due_after_a_wait(self) -> None:
         """An evaluation or a save may follow, on this rank alone: its peers then wait in the next step with
         the group's timeout (collective_timeout.py)."""
-        self.metrics.due_in(self.rdzv.timeout_s + 2 * (self.armed_timeout_s or self.rdzv.timeout_s))
+        self.metrics.due_in(self.rdzv.timeout_s + self._step_allowance_s())
+
+    def _step_allowance_s(self) -> float:
+        """A step's compute stays under its collectives' timeout (else its peers' fail), and they wait at most
+        that long: a step not over in twice that is stuck, as its peers see it."""
+        return 2 * (self.armed_timeout_s or self.rdzv.timeout_s)
 
     def _warn_near_timeout(self) -> None:
         """Warn once per field when a step came near the timeout its collectives had (collective_timeout.py)."""
