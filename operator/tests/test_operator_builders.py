@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from tests.support.specs import with_workload
 
 from cohort.api.jobconfig import build_job_config, render_job_config
@@ -80,6 +81,7 @@ def test_pod_follows_the_contract_env_ports_probe_and_config_mount():
         assert env[var]["valueFrom"]["fieldRef"]["fieldPath"] == path
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": 9400, "rendezvous": 29400}
     assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert c["livenessProbe"]["httpGet"] == c["startupProbe"]["httpGet"] == {"path": "/livez", "port": "metrics"}
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     assert mounts["/etc/cohort"]["readOnly"] is True
     vols = {v["name"]: v for v in pod["spec"]["volumes"]}
@@ -231,7 +233,6 @@ def test_no_template_volume_is_dropped_and_none_can_take_the_operators_names():
     """Issue 32: a template volume named like one of the operator's was dropped without a word. Admission
     now refuses those names (one list, cohort.api.models.RESERVED_VOLUMES, the one the pod uses), and every
     template volume and mount that passes reaches the pod."""
-    import pytest
 
     from cohort.api.models import RESERVED_VOLUMES
     from cohort.api.schema import ValidationError
@@ -259,7 +260,6 @@ def test_a_template_may_not_set_the_contracts_env_or_mount_at_the_operators_path
     """Issue 32: a template's COHORT_WORLD (or any contract variable) was dropped without a word, and a mount
     at /tmp, /etc/cohort or the checkpoint path passed admission and then made every pod invalid. Admission
     refuses each, naming the field; what passes reaches the pod whole."""
-    import pytest
 
     from cohort.api.models import CONTRACT_ENV, RESERVED_MOUNT_PATHS
     from cohort.api.schema import ValidationError
@@ -379,3 +379,14 @@ def test_a_gpu_in_requests_only_becomes_the_limit_too():
     assert resources == {"requests": {"nvidia.com/gpu": 1, "cpu": "2"}, "limits": {"nvidia.com/gpu": 1}}
     spec = parse(TrainingJobSpec, with_workload({"resources": {"limits": {"cpu": "1"}}}))
     assert container_resources(spec.resources) == {"limits": {"cpu": "1"}}
+
+
+@pytest.mark.parametrize(("group_timeout", "threshold"), [(60, 12), (61, 13), (600, 120), (1, 3)])
+def test_a_worker_that_answers_nothing_for_the_group_timeout_fails_its_liveness_probe(group_timeout, threshold):
+    """Liveness (pods.probes): a frozen worker left the world once not Ready but kept its pod, so nothing took
+    its place; its kubelet now kills it after processGroupTimeoutSeconds of silence (no fewer than 3 probes)."""
+    c = pod_for({"faultTolerance": {"processGroupTimeoutSeconds": group_timeout}})["spec"]["containers"][0]
+    live = c["livenessProbe"]
+    assert live["failureThreshold"] == threshold and live["periodSeconds"] == live["timeoutSeconds"] == 5
+    assert live["failureThreshold"] * live["periodSeconds"] >= group_timeout
+    assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] == 300

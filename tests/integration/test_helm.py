@@ -398,6 +398,50 @@ def test_least_privilege_worker_service_account(cluster, release):
 
 
 @pytest.mark.e2e
+def test_a_frozen_worker_is_killed_by_its_kubelet_and_replaced(cluster, release):
+    """A worker that answers nothing (COHORT_FAULT_FREEZE: SIGSTOP, every thread of it; the kernel still
+    accepts its connections) leaves the world once its kubelet finds it not Ready (15 s). Before, its pod
+    then stayed Running for good, holding its place, so nothing replaced it and the job ran a worker short.
+    Its liveness probe (pods.probes: /livez, processGroupTimeoutSeconds of silence) now has its kubelet kill
+    it; the operator counts the failure and a new worker brings the world back to its target."""
+    ns, name = release["namespace"], "frozen"
+    job = _digits_job(ns)
+    job["metadata"]["name"] = name
+    job["spec"]["replicas"] = {"min": 2, "max": 4, "target": 3}
+    job["spec"]["workload"].update({"epochs": 0, "maxSteps": 10**6, "evalEveryEpochs": 0})  # deleted below
+    job["spec"]["checkpoint"] = {"everySteps": 0}
+    # A group timeout past readiness's 15 s: the frozen member leaves on its readiness, and the re-formed
+    # world never waits its rendezvous out (that path finds a hung member by itself; not this test's).
+    job["spec"]["faultTolerance"] = {"collectiveTimeoutSeconds": 2, "processGroupTimeoutSeconds": 30,
+                                     "backoffSeconds": 0}
+    job["spec"]["podTemplate"] = {"spec": {"containers": [{"name": "trainer", "env": [
+        {"name": "COHORT_FAULT_FREEZE", "value": "rank=1,step=30"}]}]}}
+    cluster.create_job(ns, job)
+    try:
+        members = wait_for(lambda: len(m := (cluster.get_job(ns, name).get("status", {}).get("world") or {})
+                                            .get("members") or []) == 3 and m, 120, 1, what="a world of 3")
+        frozen = members[1]
+        wait_for(lambda: frozen not in ((cluster.get_job(ns, name).get("status", {}).get("world") or {})
+                                        .get("members") or []), 60, 1, what=f"{frozen} out of the world")
+
+        def killed() -> str | None:
+            events = cluster.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={frozen}").items
+            return next((e.message for e in events if e.reason == "Unhealthy" and "Liveness" in (e.message or "")),
+                        None)
+        why = wait_for(killed, 60, 1, what=f"{frozen}'s kubelet failing its liveness probe")
+        assert "/livez" in why or "Liveness probe failed" in why, why
+
+        def back() -> dict | None:
+            st = cluster.get_job(ns, name).get("status", {})
+            now = (st.get("world") or {}).get("members") or []
+            return st if len(now) == 3 and frozen not in now else None
+        st = wait_for(back, 90, 1, what="a world of 3 again, without the frozen worker")
+        assert st["restarts"] == 1, st  # its failure, counted once
+    finally:
+        cluster.delete_job(ns, name)
+
+
+@pytest.mark.e2e
 def test_upgrade_hands_over_the_lease_then_uninstall_removes_the_release(cluster, release):
     ns, values = release["namespace"], release["values"]
     old = helm.ready_operator_pod(cluster, ns, RELEASE).metadata.name

@@ -1,4 +1,4 @@
-"""The worker's HTTP endpoints: /healthz is readiness, and a starting worker is not ready."""
+"""The worker's HTTP endpoints: /healthz is readiness (a starting worker is not ready), /livez liveness."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ def served():
 def test_healthz_is_503_while_starting_and_200_once_the_worker_can_join(served):
     metrics, port = served
     assert get(port, "/healthz") == 503       # importing, building data and model: not Ready
+    assert get(port, "/livez") == 200         # but alive: the kubelet must not kill a worker building its data
     assert get(port, "/progress") == 200      # progress and metrics answer all along
     assert get(port, "/metrics") == 200
     metrics.update_progress(state="waiting")  # what Trainer.run sets first

@@ -3,7 +3,7 @@
 Pure: a job dict and a few choices in, a Pod dict out. The reconciler decides
 *which* pods exist; this module decides what each one looks like:
 
-- the contract's env (downward API included), ports, readiness probe and the
+- the contract's env (downward API included), ports, probes (:func:`probes`) and the
   job config mounted at /etc/cohort;
 - the checkpoint volume at ``checkpoint.path`` (emptyDir unless the spec names a
   volume; no mount at all for a URL such as ``s3://...``);
@@ -93,6 +93,33 @@ class PodDefaults:
     """Trainer image of a worker that asks for nvidia.com/gpu when spec.image is empty."""
     shm_size: str
     """sizeLimit of a GPU worker's memory-backed /dev/shm when spec.resources.shmSize is unset."""
+
+
+PROBE_PERIOD_S = 5
+STARTUP_ALLOWANCE_S = 300  # from the container's start to its trainer's HTTP server (imports, a cold cache)
+
+
+def probes(group_timeout_s: int) -> dict[str, dict[str, Any]]:
+    """The trainer container's probes, on its metrics port. Generous timeouts: a busy trainer answers from a
+    thread that competes for the GIL, and a flapping probe would churn the world.
+
+    - readiness, ``/healthz``: able to join a world (503 while the workload builds); a member not Ready for
+      3 probes leaves the world;
+    - liveness, ``/livez``: the process answers at all. One that answers nothing for the group's timeout
+      (``faultTolerance.processGroupTimeoutSeconds``, the longest a healthy trainer may keep its peers
+      waiting: a first step, an evaluation, a save) is frozen or stuck holding the GIL: its kubelet kills
+      it, and the operator counts the failure and replaces it. Without it, a frozen worker left the world
+      when it stopped being Ready but kept its pod, so nothing took its place;
+    - startup, ``/livez``: liveness starts once the HTTP server runs (:data:`STARTUP_ALLOWANCE_S`).
+    """
+    def get(path: str) -> dict[str, Any]:
+        return {"httpGet": {"path": path, "port": "metrics"}, "periodSeconds": PROBE_PERIOD_S,
+                "timeoutSeconds": PROBE_PERIOD_S}
+    return {
+        "startupProbe": {**get("/livez"), "failureThreshold": STARTUP_ALLOWANCE_S // PROBE_PERIOD_S},
+        "readinessProbe": {**get("/healthz"), "failureThreshold": 3},
+        "livenessProbe": {**get("/livez"), "failureThreshold": max(3, -(-group_timeout_s // PROBE_PERIOD_S))},
+    }
 
 
 def asks_for_gpu(resources: Resources) -> bool:
@@ -243,12 +270,7 @@ def build_worker_pod(
             {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
             {"name": "rendezvous", "containerPort": RDZV_PORT, "protocol": "TCP"},
         ],
-        # Generous timeouts: a busy trainer answers /healthz from a thread that
-        # competes for the GIL, and a flapping probe would churn the world.
-        "readinessProbe": {
-            "httpGet": {"path": "/healthz", "port": "metrics"},
-            "periodSeconds": 5, "timeoutSeconds": 5, "failureThreshold": 3,
-        },
+        **probes(spec.fault_tolerance.process_group_timeout_seconds),
         "resources": container_resources(spec.resources),
         "volumeMounts": mounts,
         "terminationMessagePath": "/dev/termination-log",

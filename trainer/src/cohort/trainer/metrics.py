@@ -1,4 +1,4 @@
-"""Worker metrics and the worker's HTTP endpoints: /metrics, /healthz, /progress.
+"""Worker metrics and the worker's HTTP endpoints: /metrics, /healthz, /livez, /progress.
 
 The catalogue is fixed by docs/contracts.md §4 (the Grafana dashboard, the
 alerts and the operator's straggler detector read these names).
@@ -6,12 +6,13 @@ alerts and the operator's straggler detector read these names).
 /healthz is the readiness probe: 503 while the worker is still starting
 (importing, building its data and model), 200 once it can join a world, so
 neither the operator nor the local launcher admits a worker the world would
-then wait for.
+then wait for. /livez is the liveness probe: 200 whenever this process answers at
+all (a frozen process, or one stuck holding the GIL, does not).
 
-Why not ``prometheus_client.start_http_server``: a worker serves two more
-paths on the same port (/healthz for the kubelet, /progress for the operator's
+Why not ``prometheus_client.start_http_server``: a worker serves three more
+paths on the same port (/healthz and /livez for the kubelet, /progress for the operator's
 prober), and that server serves only /metrics. So one standard-library
-ThreadingHTTPServer serves all three, with prometheus_client's own
+ThreadingHTTPServer serves them all, with prometheus_client's own
 ``generate_latest`` for /metrics.
 """
 
@@ -113,6 +114,8 @@ class WorkerMetrics:
                     if metrics.starting():  # Ready means able to join a world: not while the workload builds
                         self.send_error(503, "starting")
                         return
+                    body, ctype = b"ok\n", "text/plain"
+                elif path == "/livez":  # answering is the evidence, in any state
                     body, ctype = b"ok\n", "text/plain"
                 elif path == "/progress":
                     body, ctype = metrics.progress_json(), "application/json"
