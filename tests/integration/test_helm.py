@@ -417,12 +417,15 @@ def test_a_frozen_worker_is_killed_by_its_kubelet_and_replaced(cluster, release)
     job["spec"]["podTemplate"] = {"spec": {"containers": [{"name": "trainer", "env": [
         {"name": "COHORT_FAULT_FREEZE", "value": "rank=1,step=30"}]}]}}
     cluster.create_job(ns, job)
+    def world(st: dict) -> list[str]:
+        return (st.get("world") or {}).get("members") or []
+
+    def status() -> dict:
+        return cluster.get_job(ns, name).get("status", {})
     try:
-        members = wait_for(lambda: len(m := (cluster.get_job(ns, name).get("status", {}).get("world") or {})
-                                            .get("members") or []) == 3 and m, 120, 1, what="a world of 3")
+        members = wait_for(lambda: len(m := world(status())) == 3 and m, 120, 1, what="a world of 3")
         frozen = members[1]
-        wait_for(lambda: frozen not in ((cluster.get_job(ns, name).get("status", {}).get("world") or {})
-                                        .get("members") or []), 60, 1, what=f"{frozen} out of the world")
+        wait_for(lambda: frozen not in world(status()), 60, 1, what=f"{frozen} out of the world")
 
         def killed() -> str | None:
             events = cluster.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={frozen}").items
@@ -432,9 +435,8 @@ def test_a_frozen_worker_is_killed_by_its_kubelet_and_replaced(cluster, release)
         assert "/livez" in why or "Liveness probe failed" in why, why
 
         def back() -> dict | None:
-            st = cluster.get_job(ns, name).get("status", {})
-            now = (st.get("world") or {}).get("members") or []
-            return st if len(now) == 3 and frozen not in now else None
+            st = status()
+            return st if len(now := world(st)) == 3 and frozen not in now else None
         st = wait_for(back, 90, 1, what="a world of 3 again, without the frozen worker")
         assert st["restarts"] == 1, st  # its failure, counted once
     finally:
