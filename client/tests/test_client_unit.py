@@ -14,7 +14,7 @@ import pytest
 
 from cohort.client import TrainingJob, cli
 from cohort.client.errors import ApiError, NotFound, api_error_message, from_api_exception
-from cohort.client.progress import format_duration, format_progress, format_rate, progress_bar
+from cohort.client.progress import format_duration, format_goodput, format_progress, format_rate, progress_bar
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = {"workload": {"model": "mlp", "dataset": "digits"}}
@@ -151,6 +151,13 @@ def test_progress_line_before_the_first_step():
     line = format_progress(job())
     assert line == ("digits Pending    [                    ]      -  step 0  ETA -  loss -  - samples/s  "
                     "world 0 (v0)  recoveries 0")
+
+
+def test_goodput_line_lists_the_ledgers_parts_largest_first():
+    line = format_goodput(job({"goodput": {"percent": 71.4, "wallSeconds": 140.0, "seconds": {
+        "training": 100.0, "starting": 25.0, "lostWork": 10.5, "recovery": 4.5, "queued": 0}}}))
+    assert line == "71.4% of 2m20s: training 1m40s, starting 25.0s, lostWork 10.5s, recovery 4.5s"
+    assert format_goodput(job()) is None  # nothing accounted yet
 
 
 @pytest.mark.parametrize("seconds, text", [(None, "-"), (0, "0s"), (59.6, "1m00s"), (3599, "59m59s"),

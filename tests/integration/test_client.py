@@ -75,6 +75,11 @@ def test_submit_wait_scale_progress_events_delete(cluster, namespace, operator, 
     with pytest.raises(NotFound) as err:
         c.get("sdk")
     assert str(err.value) == 'Error from server (NotFound): trainingjobs.cohort.dev "sdk" not found'
+    # A new job of the same name: its Events are its own (chosen by uid), none of the deleted job's.
+    c.submit(write(tmp_path, job_manifest("sdk", replicas={"min": 1, "max": 4, "target": 2})))
+    wait_for(lambda: c.events("sdk"), 20, what="the new job's first Event")
+    assert "Succeeded" not in {e.reason for e in c.events("sdk", pods=True)}, c.events("sdk", pods=True)
+    c.delete("sdk")
 
 
 def test_a_refused_manifest_names_the_field_as_kubectl_does(cluster, namespace, tmp_path):

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from .errors import CohortError
 from .job import TrainingJob
-from .progress import format_duration, format_progress
+from .progress import format_duration, format_goodput, format_progress
 
 if TYPE_CHECKING:
     from .client import Client
@@ -209,6 +209,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  world       v{st.world.version}: {', '.join(st.world.members)}")
     if st.last_checkpoint.step:
         print(f"  checkpoint  step {st.last_checkpoint.step} at {st.last_checkpoint.location}")
+    if (goodput := format_goodput(job)) is not None:
+        print(f"  goodput     {goodput}")
     for cond in st.conditions:
         print(f"  {cond.type:<11} {cond.status:<7} {cond.reason}{': ' + cond.message if cond.message else ''}")
     for e in c.events(args.name)[-10:]:

@@ -140,13 +140,18 @@ class Client:
         return self.get(name).progress
 
     def events(self, name: str, *, pods: bool = False) -> builtins.list[Event]:
-        """The job's Events, oldest first; ``pods=True`` adds its worker pods' (scheduling, kubelet)."""
-        items = self._call(self.core.list_namespaced_event, self.namespace,
-                           field_selector=f"involvedObject.name={name}").items
+        """The job's Events, oldest first; ``pods=True`` adds its worker pods' (scheduling, kubelet).
+
+        Chosen by the objects' uids, not their names: an earlier job of the same name (and its pods), or the
+        job's PodDisruptionBudget, which has the job's name, are other objects."""
+        uids = [str(self.get(name).raw.get("metadata", {}).get("uid") or "")]
         if pods:
-            for pod in self._worker_pods(name):
-                items += self._call(self.core.list_namespaced_event, self.namespace,
-                                    field_selector=f"involvedObject.name={pod}").items
+            uids += [p.metadata.uid for p in self._call(self.core.list_namespaced_pod, self.namespace,
+                                                        label_selector=f"{LABEL_JOB}={name},{LABEL_ROLE}=worker").items]
+        items = []
+        for uid in uids:
+            items += self._call(self.core.list_namespaced_event, self.namespace,
+                                field_selector=f"involvedObject.uid={uid}").items
         events = [Event(time=_event_time(e), type=e.type or "", reason=e.reason or "", message=e.message or "",
                         object=f"{e.involved_object.kind}/{e.involved_object.name}", count=e.count or 1)
                   for e in items]

@@ -7,6 +7,8 @@ no ETA before the throughput is known) print as ``-``.
 
 from __future__ import annotations
 
+import dataclasses
+
 from .job import TrainingJob
 
 BAR_WIDTH = 20
@@ -52,3 +54,25 @@ def format_progress(job: TrainingJob) -> str:
     return (f"{job.name} {job.phase:<10} {progress_bar(p.percent)} {pct:>6}  step {p.step}  "
             f"ETA {format_duration(p.eta_seconds)}  loss {loss}  {rate}  "
             f"world {st.world.size} (v{st.world.version})  recoveries {job.recoveries}")
+
+
+def format_goodput(job: TrainingJob) -> str | None:
+    """``12.8% of 14.9s: starting 11.1s, training 1.9s, ...``: ``status.goodput``, its parts largest first
+    (docs/monitoring.md, "Goodput"); None before any second is accounted."""
+    g = job.status.goodput
+    if not g.wall_seconds:
+        return None
+    parts = sorted(((name, v) for name, v in dataclasses.asdict(g.seconds).items() if v > 0),
+                   key=lambda kv: -kv[1])
+    pct = "-" if g.percent is None else f"{g.percent:.1f}%"
+    return f"{pct} of {_seconds(g.wall_seconds)}: " + ", ".join(
+        f"{_camel(name)} {_seconds(v)}" for name, v in parts)
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.1f}s" if s < 60 else format_duration(s)
+
+
+def _camel(name: str) -> str:  # the status field's name, as in kubectl get -o yaml
+    head, *rest = name.split("_")
+    return head + "".join(w.title() for w in rest)
