@@ -22,14 +22,9 @@ SPEC = parse(TrainingJobSpec, {"workload": dict(WORKLOAD), "replicas": {"min": 1
 WORLD = World(version=1, members=(Member("j-worker-0", "u0", "10.0.0.1"),))
 
 
-def ledger(started: float, at: float, pod: str = "j-worker-0", first: int | None = None, ran: int | None = None,
-           **seconds: float) -> dict:
+def ledger(started: float, at: float, pod: str = "j-worker-0", first: int | None = None, **seconds: float) -> dict:
     doc = {"pod": pod, "startedAt": T0.timestamp() + started, "at": T0.timestamp() + at, "seconds": seconds}
-    if first is not None:
-        doc["firstStep"] = first
-    if ran is not None:
-        doc["stepsRun"] = ran
-    return doc
+    return doc if first is None else {**doc, "firstStep": first}
 
 
 class Job:
@@ -168,22 +163,3 @@ def test_a_pending_phase_accounted_after_the_process_started_comes_off_the_proce
     job.reconcile(14, "Running")
     job.reconcile(20, "Running", {"step": 50, "ledger": ledger(4, 20, first=1, starting=10, training=5, evaluation=1)})
     assert job.seconds == {"starting": 12 + 2, "training": 5.0, "evaluation": 1.0}
-
-
-def test_a_process_that_goes_back_to_a_checkpoint_in_place_counts_the_steps_it_redoes_as_lost_work():
-    """A sharded plan's survivors reload the newest checkpoint in their own processes: the step goes down
-    between two readings of one process. Its steps run (stepsRun) below the high-water step are lost work;
-    by the step counts alone (older trainers) the interval looked like no work was redone."""
-    job = Job()
-    job.reconcile(2, "Running", {"step": 0, "ledger": ledger(0, 2, starting=2)})
-    job.reconcile(12, "Running", {"step": 200, "ledger": ledger(0, 12, first=1, ran=199, starting=2, training=10)})
-    # A worker lost at step 200; back to the checkpoint of step 100 in place, then 100 -> 150: 50 steps redone.
-    job.reconcile(22, "Running", {"step": 150, "ledger": ledger(0, 22, first=1, ran=249, starting=2, training=18,
-                                                                recovery=2)})
-    assert job.seconds == {"starting": 2.0, "training": 10.0, "lost_work": 8.0, "recovery": 2.0}
-    # 150 -> 260: 50 steps redone, 60 past the high-water step.
-    job.reconcile(32, "Running", {"step": 260, "ledger": ledger(0, 32, first=1, ran=359, starting=2, training=28,
-                                                                recovery=2)})
-    assert job.seconds == {"starting": 2.0, "training": round(10 + 10 * 60 / 110, 3),
-                           "lost_work": round(8 + 10 * 50 / 110, 3), "recovery": 2.0}
-    assert sum(job.seconds.values()) == pytest.approx(32, abs=0.002) and job.status.goodput.high_water_step == 260

@@ -41,7 +41,6 @@ def test_switch_relabel_and_step_split_every_second_once():
     with pytest.raises(ValueError, match="unknown ledger category"):
         ledger.switch("lunch")
     assert "firstStep" not in snap  # the trainer sets it at its first step (trainer.py); unset, not served
-    assert snap["stepsRun"] == 2  # the steps closed by step(), whose time is training's (and straggling's)
     ledger.first_step = 7
     assert ledger.snapshot()["firstStep"] == 7
 
@@ -78,7 +77,6 @@ def test_a_run_with_a_slowed_rank_accounts_straggling_evaluation_and_checkpoints
     assert seconds["straggler"] > 0.5 * seconds["training"], seconds
     assert seconds["recovery"] == 0, seconds
     assert s["ledger"]["firstStep"] == 1, s["ledger"]  # its training counts from the first step's end
-    assert s["ledger"]["stepsRun"] == 240 - 1, s["ledger"]  # every step but the first, one world throughout
     for log in (tmp_path / "run").glob("*.log"):  # the ledger's switch at a world's first step, and only there
         text = log.read_text()
         assert text.count('"first step in world"') == text.count('"joined world"') == 1, log.name

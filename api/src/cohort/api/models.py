@@ -719,8 +719,6 @@ class LedgerReading:
     step: int = field(0, doc="The step it had reached.")
     first_step: Optional[int] = field(None, doc="The step its first step reached (its training counts from there); "
                                                 "absent before that step, and from trainers older than the field.")
-    steps_run: Optional[int] = field(None, doc="The steps it had run whose time is training's: the share of them "
-                                               "below the high-water step is lost work. Absent from older trainers.")
     seconds: GoodputSeconds = field(GoodputSeconds, doc="Its totals by category.")
 
 

@@ -46,7 +46,6 @@ class TimeLedger:
         self.current = "starting"
         self.seconds = dict.fromkeys(CATEGORIES, 0.0)
         self.first_step: int | None = None  # the step its first step reached: its training counts from there
-        self.steps_run = 0  # the steps whose time is training's (and straggling's): what lost work is split by
 
     def switch(self, category: str) -> str:
         """Close the open interval under the current category; the next is ``category``'s. Returns the old one."""
@@ -80,7 +79,6 @@ class TimeLedger:
             now = self._clock()
             spent = now - self._mark
             self._mark = now
-            self.steps_run += 1
             if healthy_s is not None and spent > threshold * healthy_s:
                 self.seconds["training"] += healthy_s
                 self.seconds["straggler"] += spent - healthy_s
@@ -95,7 +93,7 @@ class TimeLedger:
             open_s = self._clock() - self._mark
             seconds = {k: round(v + (open_s if k == self.current else 0.0), 3) for k, v in self.seconds.items()}
             doc: dict[str, Any] = {"pod": self.pod, "startedAt": round(self.started_at, 3), "at": round(self._wall(), 3),
-                                   "current": self.current, "stepsRun": self.steps_run, "seconds": seconds}
+                                   "current": self.current, "seconds": seconds}
         if self.first_step is not None:
             doc["firstStep"] = self.first_step
         return doc

@@ -113,11 +113,10 @@ def parse_reading(ledger: dict[str, Any], step: Any) -> LedgerReading | None:
     """A ``ledger`` document (docs/contracts.md §4) as a reading; None if it is not one."""
     try:
         seconds = {k: float(v) for k, v in (ledger.get("seconds") or {}).items() if k in TRAINER_FIELDS}
-        first, ran = ledger.get("firstStep"), ledger.get("stepsRun")
+        first = ledger.get("firstStep")
         reading = LedgerReading(pod=str(ledger.get("pod") or ""), started_at=float(ledger["startedAt"]),
                                 at=float(ledger["at"]), step=int(step or 0),
-                                first_step=None if first is None else int(first),
-                                steps_run=None if ran is None else int(ran))
+                                first_step=None if first is None else int(first))
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
     for key, value in seconds.items():
@@ -145,7 +144,7 @@ def _first_reading(g: Goodput, reading: LedgerReading, cursor: dt.datetime, unti
         _add(g, _waiting(g), (start - cursor).total_seconds())
         cursor = start
     base = LedgerReading(pod=reading.pod, started_at=reading.started_at, at=reading.started_at,
-                         step=reading.first_step, steps_run=0)
+                         step=reading.first_step)
     base.seconds.starting = min(reading.seconds.starting, (cursor - start).total_seconds())
     if until > cursor:
         _add_reading(g, base, reading, (until - cursor).total_seconds())
@@ -170,8 +169,9 @@ def _add_reading(g: Goodput, last: LedgerReading, reading: LedgerReading, interv
     scale = interval_s / total
     training = deltas.pop("training")
     # Steps up to the high-water mark were computed before: their training is lost work.
-    lost = training * _redone_share(g, last, reading)
-    if lost:
+    if reading.step > last.step and last.step < g.high_water_step:
+        redone = min(reading.step, g.high_water_step) - last.step
+        lost = training * redone / (reading.step - last.step)
         _add(g, "lost_work", lost * scale)
         training -= lost
     _add(g, "training", training * scale)
@@ -179,22 +179,6 @@ def _add_reading(g: Goodput, last: LedgerReading, reading: LedgerReading, interv
         if value:
             _add(g, name, value * scale)
     g.high_water_step = max(g.high_water_step, reading.step)
-
-
-def _redone_share(g: Goodput, last: LedgerReading, reading: LedgerReading) -> float:
-    """The share of the steps run between two readings that computed again what the job had reached: of the
-    steps run (``stepsRun``), those that took the job past its high-water step are new, the rest redone (a
-    replacement restored from a checkpoint, or a process that went back to one in place, its step going down).
-    Without ``stepsRun`` (older trainers), the steps between the two readings' step counts."""
-    if reading.steps_run is not None and last.steps_run is not None:
-        ran = reading.steps_run - last.steps_run
-        if ran <= 0:
-            return 0.0
-        new = min(ran, max(0, reading.step - g.high_water_step))
-        return (ran - new) / ran
-    if reading.step > last.step and last.step < g.high_water_step:
-        return (min(reading.step, g.high_water_step) - last.step) / (reading.step - last.step)
-    return 0.0
 
 
 def _add(g: Goodput, name: str, seconds: float) -> None:
