@@ -22,9 +22,8 @@ SPEC = parse(TrainingJobSpec, {"workload": dict(WORKLOAD), "replicas": {"min": 1
 WORLD = World(version=1, members=(Member("j-worker-0", "u0", "10.0.0.1"),))
 
 
-def ledger(started: float, at: float, pod: str = "j-worker-0", first: int | None = None, **seconds: float) -> dict:
-    doc = {"pod": pod, "startedAt": T0.timestamp() + started, "at": T0.timestamp() + at, "seconds": seconds}
-    return doc if first is None else {**doc, "firstStep": first}
+def ledger(started: float, at: float, pod: str = "j-worker-0", **seconds: float) -> dict:
+    return {"pod": pod, "startedAt": T0.timestamp() + started, "at": T0.timestamp() + at, "seconds": seconds}
 
 
 class Job:
@@ -119,47 +118,3 @@ def test_a_job_whose_rank_0_never_answered_never_got_past_starting():
     job.reconcile(30, "Running")  # a kwok pod, or probes blocked: no reading
     job.reconcile(40, "Failed")
     assert job.seconds == {"starting": 40.0} and job.status.goodput.percent == 0.0
-
-
-def test_a_job_read_only_once_its_trainer_finished_counts_the_training_its_ledger_holds():
-    """A short job: rank 0 finished before any /progress was read, so its termination summary is the first
-    and only reading. Up to the process's start the pod was starting; from there its own ledger says it
-    (before, the whole interval was starting and the job's goodput read 0 %)."""
-    job = Job()
-    job.reconcile(3, "Pending")
-    job.reconcile(6, "Running")  # no reading yet: nothing accounted while it runs
-    summary = {"step": 330, "ledger": ledger(7, 15, first=1, starting=5, training=2, checkpoint=0.1, evaluation=0.5,
-                                             finishing=0.4)}
-    job.reconcile(16, "Succeeded", summary=summary)
-    assert job.seconds == {"starting": 3 + 4 + 5, "training": 2.0, "checkpoint": 0.1, "evaluation": 0.5,
-                           "finishing": 0.4 + 1}
-    assert sum(job.seconds.values()) == pytest.approx(16) and job.status.goodput.percent == 12.5
-    assert job.status.goodput.high_water_step == 330 and job.status.goodput.last_reading.first_step == 1
-
-
-def test_a_replacements_first_reading_splits_its_training_into_lost_work_and_new_steps_from_its_first_step():
-    job = Job()
-    job.reconcile(2, "Running", {"step": 0, "ledger": ledger(0, 2, starting=2)})
-    job.reconcile(12, "Running", {"step": 200, "ledger": ledger(0, 12, first=1, starting=2, training=10)})
-    job.reconcile(14, "Recovering")  # every worker lost at step 200; the newest checkpoint is step 100
-    # The new rank 0 started at 16, restored step 100, and its first step (101) ended its starting; read first
-    # at 36: steps 101 -> 250 in 15 s of training, of which 101 -> 200 computed again.
-    job.reconcile(36, "Running", {"step": 250, "ledger": ledger(16, 36, pod="j-worker-4", first=101, starting=4,
-                                                                 training=15, evaluation=1)})
-    lost = 15 * (200 - 101) / (250 - 101)
-    assert job.seconds == {"starting": 2.0, "training": round(10 + 15 - lost, 3), "lost_work": round(lost, 3),
-                           "recovery": 2 + 2 + 4, "evaluation": 1.0}
-    assert sum(job.seconds.values()) == pytest.approx(36)
-
-
-def test_a_pending_phase_accounted_after_the_process_started_comes_off_the_process_starting():
-    """The pods are Pending (not Ready) while the trainer sets up: the operator accounts that phase every few
-    seconds, past the process's start. Its first reading then counts only what came after the cursor: the
-    process's starting, the first part of its life, less what was already counted (seen on the real nodes: a
-    digits job's 1.7 s of training came out as 0.49 s when the whole ledger was squeezed into the rest)."""
-    job = Job()
-    job.reconcile(6, "Pending")
-    job.reconcile(12, "Pending")  # the trainer started at 4: 4..12 of its life is accounted (as starting)
-    job.reconcile(14, "Running")
-    job.reconcile(20, "Running", {"step": 50, "ledger": ledger(4, 20, first=1, starting=10, training=5, evaluation=1)})
-    assert job.seconds == {"starting": 12 + 2, "training": 5.0, "evaluation": 1.0}
