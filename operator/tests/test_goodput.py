@@ -22,8 +22,9 @@ SPEC = parse(TrainingJobSpec, {"workload": dict(WORKLOAD), "replicas": {"min": 1
 WORLD = World(version=1, members=(Member("j-worker-0", "u0", "10.0.0.1"),))
 
 
-def ledger(started: float, at: float, pod: str = "j-worker-0", **seconds: float) -> dict:
-    return {"pod": pod, "startedAt": T0.timestamp() + started, "at": T0.timestamp() + at, "seconds": seconds}
+def ledger(started: float, at: float, pod: str = "j-worker-0", first: int | None = None, **seconds: float) -> dict:
+    doc = {"pod": pod, "startedAt": T0.timestamp() + started, "at": T0.timestamp() + at, "seconds": seconds}
+    return doc if first is None else {**doc, "firstStep": first}
 
 
 class Job:
@@ -118,3 +119,64 @@ def test_a_job_whose_rank_0_never_answered_never_got_past_starting():
     job.reconcile(30, "Running")  # a kwok pod, or probes blocked: no reading
     job.reconcile(40, "Failed")
     assert job.seconds == {"starting": 40.0} and job.status.goodput.percent == 0.0
+
+
+def test_a_job_read_only_once_its_trainer_finished_counts_the_training_its_ledger_holds():
+    """A short job: rank 0 finished before any /progress was read, so its termination summary is the first
+    and only reading. Up to the process's start the pod was starting; from there its own ledger says it
+    (the quickstart's digits job read 0 % goodput when the whole interval was counted as starting)."""
+    job = Job()
+    job.reconcile(3, "Pending")
+    job.reconcile(6, "Running")  # no reading yet: nothing accounted while it runs
+    summary = {"step": 330, "ledger": ledger(7, 15, first=1, starting=5, training=2, checkpoint=0.1, evaluation=0.5,
+                                             finishing=0.4)}
+    job.reconcile(16, "Succeeded", summary=summary)
+    assert job.seconds == {"starting": 6 + 1 + 5, "training": 2.0, "checkpoint": 0.1, "evaluation": 0.5,
+                           "finishing": 0.4 + 1}
+    assert sum(job.seconds.values()) == pytest.approx(16) and job.status.goodput.percent == 12.5
+    assert job.status.goodput.high_water_step == 330 and job.status.goodput.last_reading.first_step == 1
+
+
+def test_a_replacements_first_reading_splits_its_training_into_lost_work_and_new_steps_from_its_first_step():
+    job = Job()
+    job.reconcile(2, "Running", {"step": 0, "ledger": ledger(0, 2, starting=2)})
+    job.reconcile(12, "Running", {"step": 200, "ledger": ledger(0, 12, first=1, starting=2, training=10)})
+    job.reconcile(14, "Recovering")  # every worker lost at step 200; the newest checkpoint is step 100
+    # The new rank 0 started at 16, restored step 100, and its first step (101) ended its starting; read first
+    # at 36: steps 101 -> 250 in 15 s of training, of which 101 -> 200 computed again. Its own starting is
+    # the job's recovery.
+    job.reconcile(36, "Running", {"step": 250, "ledger": ledger(16, 36, pod="j-worker-4", first=101, starting=4,
+                                                                 training=15, evaluation=1)})
+    lost = 15 * (200 - 101) / (250 - 101)
+    assert job.seconds == {"starting": 2.0, "training": round(10 + 15 - lost, 3), "lost_work": round(lost, 3),
+                           "recovery": 4 + 4, "evaluation": 1.0}
+    assert sum(job.seconds.values()) == pytest.approx(36)
+
+
+def test_a_pending_phase_accounted_while_the_trainer_already_trained_is_taken_back_from_starting():
+    """The pods are not Ready while the trainer sets up and trains its first steps, and the operator accounts
+    that Pending phase every few seconds, as starting, past the process's start (4 s) and past the end of its
+    starting (10 s). The first reading takes that overlap back, and the process's whole life is what its
+    ledger says: seen on the real nodes, a job's 1.66 s of training came out as 1.55 s when the ledger was
+    squeezed into the interval after the cursor."""
+    job = Job()
+    job.reconcile(6, "Pending")
+    job.reconcile(12, "Pending")
+    job.reconcile(14, "Running")  # starting 0..14 accounted; the trainer trained from 10 s on
+    job.reconcile(20, "Running", {"step": 50, "ledger": ledger(4, 20, first=1, starting=6, training=9, evaluation=1)})
+    assert job.seconds == {"starting": 4 + 6, "training": 9.0, "evaluation": 1.0}
+    assert sum(job.seconds.values()) == pytest.approx(20)
+
+
+def test_a_survivor_become_rank_0_is_not_counted_from_its_start():
+    """Rank 0 is lost; rank 1, which lived through it, becomes rank 0. Its ledger covers the whole run, most of
+    which the old rank 0's readings accounted already: the interval up to its first reading is recovery, and
+    its readings after are differences from that one."""
+    job = Job()
+    job.reconcile(2, "Running", {"step": 0, "ledger": ledger(0, 2, starting=2)})
+    job.reconcile(12, "Running", {"step": 200, "ledger": ledger(0, 12, first=1, starting=2, training=10)})
+    survivor = {"pod": "j-worker-1", "first": 1, "starting": 1.5, "recovery": 1}
+    job.reconcile(20, "Running", {"step": 280, "ledger": ledger(0.5, 20, training=17, **survivor)})
+    assert job.seconds == {"starting": 2.0, "training": 10.0, "recovery": 8.0}
+    job.reconcile(25, "Running", {"step": 330, "ledger": ledger(0.5, 25, training=22, **survivor)})
+    assert job.seconds == {"starting": 2.0, "training": 15.0, "recovery": 8.0}

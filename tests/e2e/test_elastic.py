@@ -49,6 +49,11 @@ def test_worker_sigkilled_mid_training_recovers_in_place(cluster, namespace, rea
     lost = steps_lost(records)
     assert lost and max(lost) <= 0, lost
     assert not any(r["msg"] == "resumed from checkpoint" for r in records)
+    # Rank 0 lived through it: the job's training is its ledger's, from its first step (firstStep) on, whatever
+    # the reading the operator got first and however long the pods were accounted as Pending past its start.
+    g = status["goodput"]
+    assert g["lastReading"]["firstStep"] == 1, g
+    assert g["seconds"]["training"] >= 0.95 * g["lastReading"]["seconds"]["training"] > 0, g
 
 
 def test_worker_pod_deleted_with_kubectl_recovers_in_place(cluster, namespace, real_nodes, operator):

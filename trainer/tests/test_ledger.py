@@ -40,6 +40,9 @@ def test_switch_relabel_and_step_split_every_second_once():
     assert snap["current"] == "recovery" and snap["at"] == 1000.0 + clock.t
     with pytest.raises(ValueError, match="unknown ledger category"):
         ledger.switch("lunch")
+    assert "firstStep" not in snap  # the trainer sets it at its first step (trainer.py); unset, not served
+    ledger.first_step = 7
+    assert ledger.snapshot()["firstStep"] == 7
 
 
 def test_healthy_pace_is_the_fastest_window_median_per_world_size():
@@ -73,6 +76,7 @@ def test_a_run_with_a_slowed_rank_accounts_straggling_evaluation_and_checkpoints
     # Half the steps ran beside a 6x slower rank: rank 0 waited for it in every allreduce.
     assert seconds["straggler"] > 0.5 * seconds["training"], seconds
     assert seconds["recovery"] == 0, seconds
+    assert s["ledger"]["firstStep"] == 1, s["ledger"]  # its training counts from the first step's end
     for log in (tmp_path / "run").glob("*.log"):  # the ledger's switch at a world's first step, and only there
         text = log.read_text()
         assert text.count('"first step in world"') == text.count('"joined world"') == 1, log.name

@@ -717,6 +717,8 @@ class LedgerReading:
     started_at: float = field(0.0, doc="When its trainer process started (Unix seconds).")
     at: float = field(0.0, doc="When the reading was taken (Unix seconds).")
     step: int = field(0, doc="The step it had reached.")
+    first_step: Optional[int] = field(None, doc="The step its first step reached (its training counts from there); "
+                                                "absent before that step, and from trainers older than the field.")
     seconds: GoodputSeconds = field(GoodputSeconds, doc="Its totals by category.")
 
 

@@ -45,6 +45,7 @@ class TimeLedger:
         self._mark = clock()
         self.current = "starting"
         self.seconds = dict.fromkeys(CATEGORIES, 0.0)
+        self.first_step: int | None = None  # the step its first step reached: its training counts from there
 
     def switch(self, category: str) -> str:
         """Close the open interval under the current category; the next is ``category``'s. Returns the old one."""
@@ -91,8 +92,11 @@ class TimeLedger:
         with self._lock:
             open_s = self._clock() - self._mark
             seconds = {k: round(v + (open_s if k == self.current else 0.0), 3) for k, v in self.seconds.items()}
-            return {"pod": self.pod, "startedAt": round(self.started_at, 3), "at": round(self._wall(), 3), "current": self.current,
-                    "seconds": seconds}
+            doc: dict[str, Any] = {"pod": self.pod, "startedAt": round(self.started_at, 3), "at": round(self._wall(), 3),
+                                   "current": self.current, "seconds": seconds}
+        if self.first_step is not None:
+            doc["firstStep"] = self.first_step
+        return doc
 
 
 class HealthyPace:

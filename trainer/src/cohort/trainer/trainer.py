@@ -472,6 +472,8 @@ class Trainer:
         if self.first_step_pending:  # every rank, newcomers too: where benchmarks end a recovery
             self.first_step_pending = False
             self.ledger.switch("training")  # the first step in a world ends starting or recovery
+            if self.ledger.first_step is None:
+                self.ledger.first_step = self.state.step
             log.info("first step in world", extra={"step": self.state.step, "t": time.time()})
         else:
             self.pace.add(self.ledger.step(self.pace.healthy(), self.spec.stragglers.threshold))

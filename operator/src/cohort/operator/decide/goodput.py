@@ -9,8 +9,14 @@ out. Who knows what the time was spent on depends on where the job is:
   before the first step ever reported, recovery after it;
 - while rank 0's trainer reports, the differences between two readings of its
   ledger (``/progress``'s ``ledger``, trainer/ledger.py) say it, scaled to the
-  interval; the first reading of a new process ends a starting (or recovery)
-  interval, which is what its pod's creation, image, imports and set-up were;
+  interval; the first reading of a new process (one that started after the
+  reading before) says it from the process's start, its training counted from
+  its ``firstStep``, and before that start its pod was starting (recovery once
+  steps were reported: a replacement's pod creation, image, imports and set-up,
+  as is the process's own starting then); a first reading without
+  ``firstStep`` (taken before the first step, or from an older trainer), or of
+  a process that started before the reading before (a survivor become rank 0),
+  ends a starting (or recovery) interval;
 - training over steps the job had already reached (``highWaterStep``), after a
   fallback to a checkpoint, is lost work;
 - when the job leaves the active phases, the time since the last reading is
@@ -56,13 +62,17 @@ def account(observed: Inputs, decision: Decision) -> None:
     if reading is not None and _same_process(reading, g.last_reading):
         until = min(_utc(reading.at), now)
         if until > cursor:
-            _add_reading(g, reading, (until - cursor).total_seconds())
+            _add_reading(g, g.last_reading, reading, (until - cursor).total_seconds())
             cursor = until
         g.last_reading = reading
     elif reading is not None and (g.last_reading.started_at == 0.0 or reading.at > g.last_reading.at):
-        until = min(_utc(reading.at), now)  # a new process: up to its first reading, it was starting
+        until = min(_utc(reading.at), now)
         if until > cursor:
-            _add(g, "recovery" if g.high_water_step else "starting", (until - cursor).total_seconds())
+            if reading.first_step is not None and (g.last_reading.started_at == 0.0
+                                                   or reading.started_at >= g.last_reading.at):
+                _first_reading(g, reading, cursor, until)
+            else:  # nothing of its life is known but the reading: up to it, it was starting (or recovery)
+                _add(g, _waiting(g), (until - cursor).total_seconds())
             cursor = until
         g.last_reading = reading
         g.high_water_step = max(g.high_water_step, reading.step)
@@ -111,8 +121,10 @@ def parse_reading(ledger: dict[str, Any], step: Any) -> LedgerReading | None:
     """A ``ledger`` document (docs/contracts.md §4) as a reading; None if it is not one."""
     try:
         seconds = {k: float(v) for k, v in (ledger.get("seconds") or {}).items() if k in TRAINER_FIELDS}
+        first = ledger.get("firstStep")
         reading = LedgerReading(pod=str(ledger.get("pod") or ""), started_at=float(ledger["startedAt"]),
-                                at=float(ledger["at"]), step=int(step or 0))
+                                at=float(ledger["at"]), step=int(step or 0),
+                                first_step=None if first is None else int(first))
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
     for key, value in seconds.items():
@@ -124,15 +136,42 @@ def _same_process(a: LedgerReading, b: LedgerReading) -> bool:
     return b.started_at != 0.0 and a.started_at == b.started_at and a.pod == b.pod and a.at > b.at
 
 
-def _add_reading(g: Goodput, reading: LedgerReading, interval_s: float) -> None:
-    """The difference between two readings of one process, scaled to the interval it accounts for."""
-    last = g.last_reading
+def _first_reading(g: Goodput, reading: LedgerReading, cursor: dt.datetime, until: dt.datetime) -> None:
+    """The first reading of a process that started after the reading before, accounting from ``cursor`` to
+    ``until``. Up to the process's start its pod was starting (or recovery). Where the cursor is past that
+    start, a phase without a reading (Pending, while the trainer set up) was accounted as starting (or
+    recovery) over part of the process's life: that much is taken back, and the process's whole life up to
+    the reading is what its ledger says, the difference from an empty ledger at its start whose step is the
+    one its first step reached (the lost-work split counts its training from there)."""
+    start = min(_utc(reading.started_at), until)
+    taken = 0.0
+    if start > cursor:
+        _add(g, _waiting(g), (start - cursor).total_seconds())
+        cursor = start
+    else:
+        taken = min((cursor - start).total_seconds(), getattr(g.seconds, _waiting(g)))
+        _add(g, _waiting(g), -taken)
+    empty = LedgerReading(pod=reading.pod, started_at=reading.started_at, at=reading.started_at,
+                          step=reading.first_step or 0)
+    _add_reading(g, empty, reading, (until - cursor).total_seconds() + taken)
+
+
+def _waiting(g: Goodput) -> str:
+    """What a process's pod start, image, imports and set-up are: recovery once the job has reported a step."""
+    return "recovery" if g.high_water_step else "starting"
+
+
+def _add_reading(g: Goodput, last: LedgerReading, reading: LedgerReading, interval_s: float) -> None:
+    """The difference between two readings of one process, scaled to the interval it accounts for. A
+    process's own starting is the job's recovery once steps were reported (a replacement's imports)."""
     deltas = {f.name: max(0.0, getattr(reading.seconds, f.name) - getattr(last.seconds, f.name))
               for f in dataclasses.fields(GoodputSeconds)}
     total = sum(deltas.values())
     if total <= 0:
-        _add(g, "recovery" if g.high_water_step else "starting", interval_s)
+        _add(g, _waiting(g), interval_s)
         return
+    if g.high_water_step:
+        deltas["recovery"] += deltas.pop("starting")
     scale = interval_s / total
     training = deltas.pop("training")
     # Steps up to the high-water mark were computed before: their training is lost work.
