@@ -69,6 +69,8 @@ def test_submit_wait_scale_progress_events_delete(cluster, namespace, operator, 
     assert progress.samples_per_second == 800.0
     wait_for(lambda: {"Running", "Succeeded"} <= {e.reason for e in c.events("sdk")}, 10, what="the job's Events")
     assert all(e.object == "TrainingJob/sdk" for e in c.events("sdk"))
+    out, err = cli(cluster, namespace, "status", "sdk").communicate(timeout=60)
+    assert "Succeeded" in out and "  goodput     " in out, (out, err)
 
     c.delete("sdk")
     wait_for(lambda: not c.list(), 20, what="the job gone")
@@ -79,6 +81,8 @@ def test_submit_wait_scale_progress_events_delete(cluster, namespace, operator, 
     c.submit(write(tmp_path, job_manifest("sdk", replicas={"min": 1, "max": 4, "target": 2})))
     wait_for(lambda: c.events("sdk"), 20, what="the new job's first Event")
     assert "Succeeded" not in {e.reason for e in c.events("sdk", pods=True)}, c.events("sdk", pods=True)
+    out, err = cli(cluster, namespace, "status", "sdk").communicate(timeout=60)
+    assert " event " in out and " Succeeded:" not in out, (out, err)  # `cohort status` reads them by uid too
     c.delete("sdk")
 
 

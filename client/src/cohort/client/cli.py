@@ -213,7 +213,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"  goodput     {goodput}")
     for cond in st.conditions:
         print(f"  {cond.type:<11} {cond.status:<7} {cond.reason}{': ' + cond.message if cond.message else ''}")
-    for e in c.events(args.name)[-10:]:
+    for e in c.events(args.name, uid=job.raw.get("metadata", {}).get("uid"))[-10:]:  # the job read above
         print(f"  event       {e.time}  {e.type:<7} {e.reason}: {e.message}")
     if job.phase == "Failed":
         print(f"failed: {job.failure_reason()}")

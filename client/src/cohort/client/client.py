@@ -139,15 +139,15 @@ class Client:
         """``status.progress``: step, epoch, percent, etaSeconds, loss, samples/tokens per second, MFU."""
         return self.get(name).progress
 
-    def events(self, name: str, *, pods: bool = False) -> builtins.list[Event]:
+    def events(self, name: str, *, pods: bool = False, uid: str | None = None) -> builtins.list[Event]:
         """The job's Events, oldest first; ``pods=True`` adds its worker pods' (scheduling, kubelet).
 
         Chosen by the objects' uids, not their names: an earlier job of the same name (and its pods), or the
-        job's PodDisruptionBudget, which has the job's name, are other objects."""
-        uids = [str(self.get(name).raw.get("metadata", {}).get("uid") or "")]
+        job's PodDisruptionBudget, which has the job's name, are other objects. ``uid`` is the job's, when
+        the caller holds it already (saves reading the job)."""
+        uids = [uid or str(self.get(name).raw.get("metadata", {}).get("uid") or "")]
         if pods:
-            uids += [p.metadata.uid for p in self._call(self.core.list_namespaced_pod, self.namespace,
-                                                        label_selector=f"{LABEL_JOB}={name},{LABEL_ROLE}=worker").items]
+            uids += [p.metadata.uid for p in self._worker_pod_objects(name)]
         items = []
         for uid in uids:
             items += self._call(self.core.list_namespaced_event, self.namespace,
@@ -232,10 +232,14 @@ class Client:
         yield from _merge({pod: self._pod_log(pod, True, tail_lines) for pod in pods})
 
     # --- internals --------------------------------------------------------------------
-    def _worker_pods(self, name: str) -> builtins.list[str]:
+    def _worker_pod_objects(self, name: str) -> builtins.list[Any]:
+        """The job's worker pods (members, spares and pods waiting to join), by ordinal."""
         pods = self._call(self.core.list_namespaced_pod, self.namespace,
                           label_selector=f"{LABEL_JOB}={name},{LABEL_ROLE}=worker").items
-        return [p.metadata.name for p in sorted(pods, key=lambda p: _ordinal(p.metadata.name))]
+        return sorted(pods, key=lambda p: _ordinal(p.metadata.name))
+
+    def _worker_pods(self, name: str) -> builtins.list[str]:
+        return [p.metadata.name for p in self._worker_pod_objects(name)]
 
     def _pod_log(self, pod: str, follow: bool, tail_lines: int | None) -> Iterator[str]:
         kwargs: dict[str, Any] = {"container": "trainer", "follow": follow, "_preload_content": False}
