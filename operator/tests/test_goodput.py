@@ -22,9 +22,13 @@ SPEC = parse(TrainingJobSpec, {"workload": dict(WORKLOAD), "replicas": {"min": 1
 WORLD = World(version=1, members=(Member("j-worker-0", "u0", "10.0.0.1"),))
 
 
-def ledger(started: float, at: float, pod: str = "j-worker-0", first: int | None = None, **seconds: float) -> dict:
+def ledger(started: float, at: float, pod: str = "j-worker-0", first: int | None = None, ran: int | None = None,
+           step: int | None = None, **seconds: float) -> dict:
     doc = {"pod": pod, "startedAt": T0.timestamp() + started, "at": T0.timestamp() + at, "seconds": seconds}
-    return doc if first is None else {**doc, "firstStep": first}
+    for key, value in (("firstStep", first), ("stepsRun", ran), ("step", step)):
+        if value is not None:
+            doc[key] = value
+    return doc
 
 
 class Job:
@@ -137,7 +141,9 @@ def test_a_job_read_only_once_its_trainer_finished_counts_the_training_its_ledge
     assert job.status.goodput.high_water_step == 330 and job.status.goodput.last_reading.first_step == 1
 
 
-def test_a_replacements_first_reading_splits_its_training_into_lost_work_and_new_steps_from_its_first_step():
+@pytest.mark.parametrize("ran", [None, 250 - 101], ids=["step-counts", "stepsRun"])
+def test_a_replacements_first_reading_splits_its_training_into_lost_work_and_new_steps_from_its_first_step(ran):
+    """By the step counts (older trainers) or by the steps run (all but the world's first): the same split."""
     job = Job()
     job.reconcile(2, "Running", {"step": 0, "ledger": ledger(0, 2, starting=2)})
     job.reconcile(12, "Running", {"step": 200, "ledger": ledger(0, 12, first=1, starting=2, training=10)})
@@ -145,8 +151,8 @@ def test_a_replacements_first_reading_splits_its_training_into_lost_work_and_new
     # The new rank 0 started at 16, restored step 100, and its first step (101) ended its starting; read first
     # at 36: steps 101 -> 250 in 15 s of training, of which 101 -> 200 computed again. Its own starting is
     # the job's recovery.
-    job.reconcile(36, "Running", {"step": 250, "ledger": ledger(16, 36, pod="j-worker-4", first=101, starting=4,
-                                                                 training=15, evaluation=1)})
+    job.reconcile(36, "Running", {"step": 250, "ledger": ledger(16, 36, pod="j-worker-4", first=101, ran=ran,
+                                                                 starting=4, training=15, evaluation=1)})
     lost = 15 * (200 - 101) / (250 - 101)
     assert job.seconds == {"starting": 2.0, "training": round(10 + 15 - lost, 3), "lost_work": round(lost, 3),
                            "recovery": 4 + 4, "evaluation": 1.0}
@@ -180,3 +186,36 @@ def test_a_survivor_become_rank_0_is_not_counted_from_its_start():
     assert job.seconds == {"starting": 2.0, "training": 10.0, "recovery": 8.0}
     job.reconcile(25, "Running", {"step": 330, "ledger": ledger(0.5, 25, training=22, **survivor)})
     assert job.seconds == {"starting": 2.0, "training": 15.0, "recovery": 8.0}
+
+
+def test_a_process_that_goes_back_to_a_checkpoint_in_place_counts_the_steps_it_redoes_as_lost_work():
+    """A sharded plan's survivors reload the newest checkpoint in their own processes: the step goes down
+    between two readings of one process. Its steps run (stepsRun) below the high-water step are lost work;
+    by the step counts alone (older trainers) the interval looked like no work was redone."""
+    job = Job()
+    job.reconcile(2, "Running", {"step": 0, "ledger": ledger(0, 2, starting=2)})
+    job.reconcile(12, "Running", {"step": 200, "ledger": ledger(0, 12, first=1, ran=199, starting=2, training=10)})
+    # A worker lost at step 200; back to the checkpoint of step 100 in place, then 100 -> 150: 50 steps redone.
+    job.reconcile(22, "Running", {"step": 150, "ledger": ledger(0, 22, first=1, ran=249, starting=2, training=18,
+                                                                recovery=2)})
+    assert job.seconds == {"starting": 2.0, "training": 10.0, "lost_work": 8.0, "recovery": 2.0}
+    # 150 -> 260: 50 steps redone, 60 past the high-water step.
+    job.reconcile(32, "Running", {"step": 260, "ledger": ledger(0, 32, first=1, ran=359, starting=2, training=28,
+                                                                recovery=2)})
+    assert job.seconds == {"starting": 2.0, "training": round(10 + 10 * 60 / 110, 3),
+                           "lost_work": round(8 + 10 * 50 / 110, 3), "recovery": 2.0}
+    assert sum(job.seconds.values()) == pytest.approx(32, abs=0.002) and job.status.goodput.high_water_step == 260
+
+
+def test_the_steps_run_are_set_against_the_ledgers_own_step_not_the_documents():
+    """/progress copies its step before it reads the ledger: served between a step's end in the ledger and the
+    trainer's update of the step, the document's step is one behind the steps run. Against it, one step of a
+    job that never went back would be lost work; the ledger's own step, taken with stepsRun, is not behind."""
+    job = Job()
+    job.reconcile(2, "Running", {"step": 0, "ledger": ledger(0, 2, starting=2)})
+    job.reconcile(12, "Running", {"step": 100, "ledger": ledger(0, 12, first=1, ran=99, step=100, starting=2,
+                                                                training=10)})
+    job.reconcile(22, "Running", {"step": 199, "ledger": ledger(0, 22, first=1, ran=199, step=200, starting=2,
+                                                                training=20)})
+    assert job.seconds == {"starting": 2.0, "training": 20.0}
+    assert job.status.goodput.high_water_step == 200

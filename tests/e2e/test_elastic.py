@@ -54,6 +54,8 @@ def test_worker_sigkilled_mid_training_recovers_in_place(cluster, namespace, rea
     g = status["goodput"]
     assert g["lastReading"]["firstStep"] == 1, g
     assert g["seconds"]["training"] >= 0.95 * g["lastReading"]["seconds"]["training"] > 0, g
+    # No step was computed again (0 steps lost): none of the steps run is lost work.
+    assert g["lastReading"]["stepsRun"] > 0 and g["seconds"]["lostWork"] == 0, g
 
 
 def test_worker_pod_deleted_with_kubectl_recovers_in_place(cluster, namespace, real_nodes, operator):

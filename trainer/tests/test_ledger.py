@@ -19,12 +19,14 @@ class FakeClock:
 def test_switch_relabel_and_step_split_every_second_once():
     clock = FakeClock()
     ledger = TimeLedger(clock=clock, wall=lambda: 1000.0 + clock.t)
+    fresh = ledger.snapshot()
+    assert "firstStep" not in fresh and "step" not in fresh and fresh["stepsRun"] == 0  # unset before a step
     clock.t += 3
-    assert ledger.switch("training") == "starting"
+    ledger.first_step_in_world(7)  # ends starting (restored step 6, say): not a step run
     clock.t += 1.0
-    assert ledger.step(healthy_s=0.5, threshold=1.5) == 1.0  # 2x the healthy pace: 0.5 s is straggling
+    assert ledger.step(healthy_s=0.5, threshold=1.5, reached=8) == 1.0  # 2x the healthy pace: 0.5 s straggling
     clock.t += 0.6
-    ledger.step(healthy_s=0.5, threshold=1.5)  # 1.2x: within the threshold, all training
+    ledger.step(healthy_s=0.5, threshold=1.5, reached=9)  # 1.2x: within the threshold, all training
     clock.t += 2
     ledger.relabel("recovery")  # that step's collective failed
     ledger.switch("recovery")
@@ -40,9 +42,12 @@ def test_switch_relabel_and_step_split_every_second_once():
     assert snap["current"] == "recovery" and snap["at"] == 1000.0 + clock.t
     with pytest.raises(ValueError, match="unknown ledger category"):
         ledger.switch("lunch")
-    assert "firstStep" not in snap  # the trainer sets it at its first step (trainer.py); unset, not served
-    ledger.first_step = 7
-    assert ledger.snapshot()["firstStep"] == 7
+    # The steps closed by step(), whose time is training's (and straggling's), with the step they reached.
+    assert (snap["firstStep"], snap["step"], snap["stepsRun"]) == (7, 9, 2)
+    ledger.first_step_in_world(5)  # a world that went back to a checkpoint in place: its process's first step stays
+    ledger.step(healthy_s=None, threshold=1.5, reached=6)
+    snap = ledger.snapshot()
+    assert (snap["firstStep"], snap["step"], snap["stepsRun"]) == (7, 6, 3)
 
 
 def test_healthy_pace_is_the_fastest_window_median_per_world_size():
@@ -77,6 +82,8 @@ def test_a_run_with_a_slowed_rank_accounts_straggling_evaluation_and_checkpoints
     assert seconds["straggler"] > 0.5 * seconds["training"], seconds
     assert seconds["recovery"] == 0, seconds
     assert s["ledger"]["firstStep"] == 1, s["ledger"]  # its training counts from the first step's end
+    assert s["ledger"]["stepsRun"] == 240 - 1, s["ledger"]  # every step but the first, one world throughout
+    assert s["ledger"]["step"] == s["step"] == 240, s["ledger"]
     for log in (tmp_path / "run").glob("*.log"):  # the ledger's switch at a world's first step, and only there
         text = log.read_text()
         assert text.count('"first step in world"') == text.count('"joined world"') == 1, log.name

@@ -40,8 +40,8 @@ def lm_manifest(name: str, strategy: str, *, dp: int, tensor: int = 1, pipeline:
 
 
 def logs(run: Path) -> list[dict]:
-    return [json.loads(line) for p in sorted(run.glob("*.log")) for line in p.read_text().splitlines()
-            if line.startswith("{")]
+    return [{**json.loads(line), "_file": p.name} for p in sorted(run.glob("*.log"))
+            for line in p.read_text().splitlines() if line.startswith("{")]
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +134,18 @@ def test_fsdp_survives_a_worker_death_by_reloading_the_newest_checkpoint(tmp_pat
     assert joined and all(r["source"] == "checkpoint" for r in joined), joined
     assert any(r["plan"] == "dp=1 tp=1 pp=1" for r in joined)
     assert s["eval_loss"] < 2.5
+    # Rank 0 went back to a checkpoint in its own process: its ledger ran the steps it redid twice (the operator
+    # counts those as lost work), each world's first step aside. A world's redone steps are those from its first
+    # step up to the step reached before the world was left.
+    rank0 = [r for r in logs(tmp_path / "run") if r.get("_file") == "elastic-worker-0.log"]
+    redone, left = 0, None
+    for r in rank0:
+        if r["msg"] == "left world":
+            left = r["step"]
+        elif r["msg"] == "first step in world" and left is not None:
+            redone, left = redone + max(0, left - r["step"] + 1), None
+    worlds = sum(r["msg"] == "first step in world" for r in rank0)
+    assert redone >= 2 and s["ledger"]["stepsRun"] == 30 - worlds + redone, (s["ledger"], redone, worlds)
 
 
 def test_a_world_that_tp_x_pp_does_not_divide_is_refused(tmp_path):

@@ -719,6 +719,9 @@ class LedgerReading:
     step: int = field(0, doc="The step it had reached.")
     first_step: Optional[int] = field(None, doc="The step its first step reached (its training counts from there); "
                                                 "absent before that step, and from trainers older than the field.")
+    steps_run: Optional[int] = field(None, doc="The steps it had run whose time is training's (all but each world's "
+                                               "first): those that did not take the job past its high-water step "
+                                               "are lost work. Absent from older trainers.")
     seconds: GoodputSeconds = field(GoodputSeconds, doc="Its totals by category.")
 
 

@@ -46,6 +46,8 @@ class TimeLedger:
         self.current = "starting"
         self.seconds = dict.fromkeys(CATEGORIES, 0.0)
         self.first_step: int | None = None  # the step its first step reached: its training counts from there
+        self.steps_run = 0  # the steps whose time is training's (and straggling's): what lost work is split by
+        self.reached: int | None = None  # the step its last step reached: served with steps_run, read together
 
     def switch(self, category: str) -> str:
         """Close the open interval under the current category; the next is ``category``'s. Returns the old one."""
@@ -73,12 +75,23 @@ class TimeLedger:
         with self._lock:
             self.current = category
 
-    def step(self, healthy_s: float | None, threshold: float) -> float:
-        """Close a step (the open interval, which must be training's). Returns its length."""
+    def first_step_in_world(self, reached: int) -> None:
+        """A world's first step ended (at step ``reached``): it closes starting or recovery, not training."""
+        self.switch("training")
+        with self._lock:
+            self.reached = reached
+            if self.first_step is None:
+                self.first_step = reached
+
+    def step(self, healthy_s: float | None, threshold: float, reached: int) -> float:
+        """Close a step that reached step ``reached`` (the open interval, which must be training's). Returns its
+        length."""
         with self._lock:
             now = self._clock()
             spent = now - self._mark
             self._mark = now
+            self.steps_run += 1
+            self.reached = reached
             if healthy_s is not None and spent > threshold * healthy_s:
                 self.seconds["training"] += healthy_s
                 self.seconds["straggler"] += spent - healthy_s
@@ -93,9 +106,11 @@ class TimeLedger:
             open_s = self._clock() - self._mark
             seconds = {k: round(v + (open_s if k == self.current else 0.0), 3) for k, v in self.seconds.items()}
             doc: dict[str, Any] = {"pod": self.pod, "startedAt": round(self.started_at, 3), "at": round(self._wall(), 3),
-                                   "current": self.current, "seconds": seconds}
-        if self.first_step is not None:
-            doc["firstStep"] = self.first_step
+                                   "current": self.current, "stepsRun": self.steps_run, "seconds": seconds}
+            if self.reached is not None:
+                doc["step"] = self.reached
+            if self.first_step is not None:
+                doc["firstStep"] = self.first_step
         return doc
 
 

@@ -471,12 +471,10 @@ class Trainer:
         m.compression_ratio.set(self.stats.compression_ratio)
         if self.first_step_pending:  # every rank, newcomers too: where benchmarks end a recovery
             self.first_step_pending = False
-            self.ledger.switch("training")  # the first step in a world ends starting or recovery
-            if self.ledger.first_step is None:
-                self.ledger.first_step = self.state.step
+            self.ledger.first_step_in_world(self.state.step)  # it ends starting or recovery
             log.info("first step in world", extra={"step": self.state.step, "t": time.time()})
         else:
-            self.pace.add(self.ledger.step(self.pace.healthy(), self.spec.stragglers.threshold))
+            self.pace.add(self.ledger.step(self.pace.healthy(), self.spec.stragglers.threshold, self.state.step))
         if self.left_at is not None:  # first step of a new world completes a recovery
             m.recovery_seconds.observe(time.perf_counter() - self.left_at)
             m.recoveries.labels("checkpoint" if self.recovery_source == "checkpoint" else "peer").inc()

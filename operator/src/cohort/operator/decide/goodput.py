@@ -118,13 +118,15 @@ def _reading(observed: Inputs, decision: Decision) -> LedgerReading | None:
 
 
 def parse_reading(ledger: dict[str, Any], step: Any) -> LedgerReading | None:
-    """A ``ledger`` document (docs/contracts.md §4) as a reading; None if it is not one."""
+    """A ``ledger`` document (docs/contracts.md §4) as a reading; None if it is not one. Its step is the
+    ledger's own where it serves one (taken with ``stepsRun``), else ``step`` (the document's)."""
     try:
         seconds = {k: float(v) for k, v in (ledger.get("seconds") or {}).items() if k in TRAINER_FIELDS}
-        first = ledger.get("firstStep")
+        first, ran = ledger.get("firstStep"), ledger.get("stepsRun")
         reading = LedgerReading(pod=str(ledger.get("pod") or ""), started_at=float(ledger["startedAt"]),
-                                at=float(ledger["at"]), step=int(step or 0),
-                                first_step=None if first is None else int(first))
+                                at=float(ledger["at"]), step=int(ledger.get("step", step) or 0),
+                                first_step=None if first is None else int(first),
+                                steps_run=None if ran is None else int(ran))
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
     for key, value in seconds.items():
@@ -152,7 +154,7 @@ def _first_reading(g: Goodput, reading: LedgerReading, cursor: dt.datetime, unti
         taken = min((cursor - start).total_seconds(), getattr(g.seconds, _waiting(g)))
         _add(g, _waiting(g), -taken)
     empty = LedgerReading(pod=reading.pod, started_at=reading.started_at, at=reading.started_at,
-                          step=reading.first_step or 0)
+                          step=reading.first_step or 0, steps_run=0)
     _add_reading(g, empty, reading, (until - cursor).total_seconds() + taken)
 
 
@@ -175,9 +177,8 @@ def _add_reading(g: Goodput, last: LedgerReading, reading: LedgerReading, interv
     scale = interval_s / total
     training = deltas.pop("training")
     # Steps up to the high-water mark were computed before: their training is lost work.
-    if reading.step > last.step and last.step < g.high_water_step:
-        redone = min(reading.step, g.high_water_step) - last.step
-        lost = training * redone / (reading.step - last.step)
+    lost = training * _redone_share(g, last, reading)
+    if lost:
         _add(g, "lost_work", lost * scale)
         training -= lost
     _add(g, "training", training * scale)
@@ -185,6 +186,22 @@ def _add_reading(g: Goodput, last: LedgerReading, reading: LedgerReading, interv
         if value:
             _add(g, name, value * scale)
     g.high_water_step = max(g.high_water_step, reading.step)
+
+
+def _redone_share(g: Goodput, last: LedgerReading, reading: LedgerReading) -> float:
+    """The share of the steps run between two readings that computed again what the job had reached: of the
+    steps run (``stepsRun``), those that took the job past its high-water step are new, the rest redone (a
+    replacement restored from a checkpoint, or a process that went back to one in place, its step going down).
+    Without ``stepsRun`` (older trainers), the steps between the two readings' step counts."""
+    if reading.steps_run is not None and last.steps_run is not None:
+        ran = reading.steps_run - last.steps_run
+        if ran <= 0:
+            return 0.0
+        new = min(ran, max(0, reading.step - g.high_water_step))
+        return (ran - new) / ran
+    if reading.step > last.step and last.step < g.high_water_step:
+        return (min(reading.step, g.high_water_step) - last.step) / (reading.step - last.step)
+    return 0.0
 
 
 def _add(g: Goodput, name: str, seconds: float) -> None:
