@@ -50,7 +50,7 @@ from cohort.api.models import TrainingJobSpec  # noqa: E402
 from cohort.api.schema import parse, to_dict  # noqa: E402
 from cohort.operator.pods import build_worker_pod  # noqa: E402
 from cohort.operator.settings import Settings  # noqa: E402
-from cohort.trainer.runtime.ports import free_port  # noqa: E402
+from cohort.trainer.runtime.ports import free_ports  # noqa: E402
 from tests.support.wait import wait_for  # noqa: E402
 
 GROUP, VERSION, PLURAL = "cohort.dev", "v1alpha1", "trainingjobs"
@@ -252,7 +252,7 @@ def settle(metrics_port: int, quiet_s: float = 5, timeout_s: float = 300) -> flo
 def run_operator(cluster: Cluster, n_jobs: int, workers: int, concurrency: int, idle_s: float,
                  log_path: Path) -> dict[str, float]:
     ns = cluster.namespace("bench-operator")
-    health, metrics = free_port(), free_port()
+    health, metrics = free_ports(2)
     cmd = [sys.executable, "-m", "cohort.operator.main", "--namespace", ns, "--instance", INSTANCE, "--standalone",
            "--metrics-port", str(metrics), "--health-port", str(health),
            "--api-concurrency", str(concurrency), "--log-level", "WARNING"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from kubernetes.client.rest import ApiException
 
-from cohort.trainer.runtime.ports import free_port
+from cohort.trainer.runtime.ports import free_ports
 from tests.support.kube import wait_for
 from tests.support.paths import kubectl_bin, pinned
 from tests.support.specs import with_workload
@@ -88,18 +88,20 @@ def test_server_reports_the_pinned_version(cluster):
 def _second_cluster_env(tmp_path: Path) -> dict[str, str]:
     # The control plane alone: real nodes are one cluster's per machine (the session's).
     base = {"COHORT_CLUSTER_DIR": str(tmp_path / "cluster"), "COHORT_REAL_NODES": "0"}
-    for var in ("APISERVER", "ETCD", "KCM", "SCHEDULER", "KWOK"):
-        base[f"COHORT_{var}_PORT"] = str(free_port())
-    # etcd uses port+1 for peers: pick a pair that is free.
+    # etcd uses its port + 1 for peers: pick ports whose etcd pair is free and apart from the others.
     while True:
-        p = free_port()
+        ports = free_ports(5)
+        etcd = ports[1]
+        if etcd + 1 in ports:
+            continue
         try:
             with socket.socket() as s:
-                s.bind(("127.0.0.1", p + 1))
+                s.bind(("127.0.0.1", etcd + 1))
             break
         except OSError:
             continue
-    base["COHORT_ETCD_PORT"] = str(p)
+    for var, port in zip(("APISERVER", "ETCD", "KCM", "SCHEDULER", "KWOK"), ports):
+        base[f"COHORT_{var}_PORT"] = str(port)
     return {**os.environ, **base}
 
 

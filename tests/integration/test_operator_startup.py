@@ -80,7 +80,7 @@ def test_readyz_says_leader_only_once_kopfs_watches_run(cluster, namespace, monk
 
     from cohort.operator import main as operator_main
     from cohort.operator.settings import load_settings
-    from cohort.trainer.runtime.ports import free_port
+    from cohort.trainer.runtime.ports import free_ports
 
     held: list[asyncio.Event] = []
     build = operator_main.build_registry
@@ -97,9 +97,9 @@ def test_readyz_says_leader_only_once_kopfs_watches_run(cluster, namespace, monk
     monkeypatch.setattr(operator_main, "build_registry", build_held)
     # the client library reads $KUBECONFIG when it is imported: its default location instead
     monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", cluster.kubeconfig)
-    health_port = free_port()
+    health_port, metrics_port = free_ports(2)
     settings = load_settings(["--standalone", "--namespace", namespace, "--instance", "readyz-test",
-                              "--metrics-port", str(free_port()), "--health-port", str(health_port)], {})
+                              "--metrics-port", str(metrics_port), "--health-port", str(health_port)], {})
 
     def readyz() -> tuple[int, dict]:
         try:

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
-from cohort.trainer.runtime.ports import free_port
+from cohort.trainer.runtime.ports import free_ports
 from tests.support.kube import Cluster, condition, wait_for
 from tests.support.paths import kubectl_bin
 from tests.support.specs import WORKLOAD
@@ -56,7 +56,7 @@ class Operator:
         self.metrics_port = self.health_port = 0
 
     def start(self) -> Operator:
-        self.metrics_port, self.health_port = free_port(), free_port()
+        self.metrics_port, self.health_port = free_ports(2)
         args = [sys.executable, "-m", "cohort.operator.main",
                 "--metrics-port", str(self.metrics_port), "--health-port", str(self.health_port),
                 "--resync-seconds", "5", "--progress-seconds", "1", "--http-timeout-seconds", "0.5",

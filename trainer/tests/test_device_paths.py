@@ -25,7 +25,7 @@ from gloo_ranks import run_ranks
 
 from cohort.api.jobconfig import from_manifest
 from cohort.api.models import ALL_COMPRESSION, OWN_MOMENTUM, SUPPORTED_COMPRESSION
-from cohort.trainer.runtime.ports import free_port
+from cohort.trainer.runtime.ports import free_ports
 
 pytestmark = [pytest.mark.dist]
 
@@ -123,7 +123,7 @@ def _train_cases(rank: int, world: int, cases: list[tuple[str, dict[str, Any]]],
 @pytest.fixture(scope="module")
 def results() -> dict[str, list[dict[str, Any]]]:
     with tempfile.TemporaryDirectory(prefix="cohort-device-") as root:
-        ports = [free_port() for _ in CASES]
+        ports = free_ports(len(CASES))
         ranks = run_ranks(_train_cases, 2, CASES, ports, root, timeout_s=900, group=False)
     return {name: [r[name] for r in ranks] for name, _ in CASES}
 

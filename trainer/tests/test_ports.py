@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from cohort.trainer.runtime.ports import ephemeral_range, free_port
+from cohort.trainer.runtime.ports import ephemeral_range, free_port, free_ports
 
 
 def test_a_socket_connecting_from_the_port_it_connects_to_reaches_itself():
@@ -25,3 +25,11 @@ def test_free_ports_lie_below_the_ephemeral_range_and_are_free():
         assert port < lo
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
+
+
+def test_free_ports_are_distinct(monkeypatch):
+    """Two free_port() calls can agree (an operator once got one port for metrics and health);
+    free_ports(n) never does, even when the random draw repeats itself."""
+    draws = iter([12345, 12345, 12345, 23456])
+    monkeypatch.setattr("cohort.trainer.runtime.ports.random.randrange", lambda lo, hi: next(draws))
+    assert free_ports(2) == [12345, 23456]

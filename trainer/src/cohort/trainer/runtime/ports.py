@@ -31,15 +31,32 @@ def ephemeral_range() -> tuple[int, int]:
 
 def free_port(host: str = "127.0.0.1", attempts: int = 200) -> int:
     """A port on ``host`` that no socket holds now and that the kernel never picks as a source port."""
+    return free_ports(1, host, attempts)[0]
+
+
+def free_ports(n: int, host: str = "127.0.0.1", attempts: int = 200) -> list[int]:
+    """``n`` distinct ports as :func:`free_port` picks them.
+
+    Two calls to ``free_port`` can return the same port (each only checks that
+    nothing holds it now): an operator given it as both its metrics and its
+    health port fails to start.
+    """
     lo, _ = ephemeral_range()
     if lo <= LOWEST + 100:
         raise RuntimeError(f"the ephemeral port range starts at {lo}: no room below it for a server's port")
-    for _ in range(attempts):
+    ports: list[int] = []
+    for _ in range(attempts * n):
+        if len(ports) == n:
+            break
         port = random.randrange(LOWEST, lo)
+        if port in ports:
+            continue
         with socket.socket() as s:
             try:
                 s.bind((host, port))
             except OSError:
                 continue
-            return port
-    raise RuntimeError(f"no free port on {host} in [{LOWEST}, {lo}) after {attempts} tries")
+        ports.append(port)
+    if len(ports) < n:
+        raise RuntimeError(f"{len(ports)} of {n} free ports on {host} in [{LOWEST}, {lo}) after {attempts * n} tries")
+    return ports
