@@ -100,7 +100,7 @@ def _second_cluster_env(tmp_path: Path) -> dict[str, str]:
             break
         except OSError:
             continue
-    for var, port in zip(("APISERVER", "ETCD", "KCM", "SCHEDULER", "KWOK"), ports):
+    for var, port in zip(("APISERVER", "ETCD", "KCM", "SCHEDULER", "KWOK"), ports, strict=True):
         base[f"COHORT_{var}_PORT"] = str(port)
     return {**os.environ, **base}
 
