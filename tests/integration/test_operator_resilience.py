@@ -18,7 +18,8 @@ import urllib.request
 import pytest
 from kubernetes import client
 
-from tests.support.kube import wait_for
+from cohort.operator.naming import pod_index
+from tests.support.kube import PodsCreated, wait_for
 from tests.support.operator import (  # noqa: F401  (operator_fixture is the ``operator`` fixture)
     Operator,
     job_manifest,
@@ -86,11 +87,21 @@ def test_repairs_drift(cluster, namespace, operator):
     wait_event(cluster, namespace, "rep", "WorkerLost")
 
 
-def test_sigkill_and_restart_three_times_leaves_exactly_the_expected_pods(cluster, namespace, operator):
+def _index_persisted(cluster, ns: str, name: str, before: int) -> None:
+    """Return the moment the job's status shows a podIndex past ``before``: the operator has reserved the
+    index of the pod it is about to create (reconciler.py's step 4), and may not have created it yet."""
+    deadline = time.monotonic() + 10
+    while cluster.get_job(ns, name)["status"]["podIndex"] == before and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("kill_at", ["random", "index-persisted"])
+def test_sigkill_and_restart_three_times_leaves_exactly_the_expected_pods(cluster, namespace, operator, kill_at):
     rng = random.Random(7)
     cluster.create_job(namespace, job_manifest("tough", replicas={"min": 2, "max": 4, "target": 3, "spares": 1},
                                                faultTolerance={"backoffSeconds": 0}))
     running_with(cluster, namespace, "tough", 3, 4)
+    seen = PodsCreated(cluster, namespace, "tough")
     disruptions = [
         ("fail rank 1", lambda: terminate(cluster, namespace, world(cluster, namespace, "tough")["members"][1]["pod"], 1)),
         ("scale to 4", lambda: cluster.patch_job(namespace, "tough", {"spec": {"replicas": {"target": 4}}})),
@@ -99,8 +110,12 @@ def test_sigkill_and_restart_three_times_leaves_exactly_the_expected_pods(cluste
     ]
     expected = [(3, 4), (4, 5), (4, 5)]
     for (what, disrupt), (active, total) in zip(disruptions, expected, strict=True):
+        index = cluster.get_job(namespace, "tough")["status"]["podIndex"]
         disrupt()
-        time.sleep(rng.uniform(0.0, 0.4))  # somewhere in the middle of the reconcile it triggered
+        if kill_at == "random":
+            time.sleep(rng.uniform(0.0, 0.4))  # somewhere in the middle of the reconcile it triggered
+        else:
+            _index_persisted(cluster, namespace, "tough", index)  # between the status write and the pod's creation
         operator.kill()
         operator.start().wait_ready()
         job = running_with(cluster, namespace, "tough", active, total)
@@ -109,9 +124,16 @@ def test_sigkill_and_restart_three_times_leaves_exactly_the_expected_pods(cluste
         members = job["status"]["world"]["members"]
         assert len(members) == len(set(members)) == active and set(members) <= set(names), f"after {what}"
         assert world(cluster, namespace, "tough")["version"] == job["status"]["world"]["version"]
-    # Four first pods, then one per replaced or added worker: nothing created twice.
+    # Four first pods, then one per replaced or added worker: nothing created twice, no name used twice.
+    created = seen.stop()
     job = cluster.get_job(namespace, "tough")
-    assert job["status"]["podIndex"] == 7, job["status"]
+    assert len(created) == 7 and all(len(uids) == 1 for uids in created.values()), sorted(created)
+    # podIndex is persisted before a pod with that index is created, so an operator killed between the two
+    # leaves that index unused (never reused: a newcomer is never taken for a departed member): at most one
+    # index per kill, as each disruption here creates one pod.
+    indices = {pod_index(n) for n in created}
+    assert job["status"]["podIndex"] == max(indices) + 1, job["status"]
+    assert len(set(range(job["status"]["podIndex"])) - indices) <= len(disruptions), (created, job["status"])
     assert job["status"]["restarts"] == 1 and job["status"]["replacements"]["failure"] == 1
     all_pods = cluster.job_pods(namespace, "tough")
     assert len({p.metadata.name for p in all_pods}) == len(all_pods)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from kubernetes import client, config
+from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
 from cohort.operator.naming import LABEL_JOB
@@ -90,6 +91,47 @@ class Cluster:
 
     def events(self, namespace: str, name: str) -> list[client.CoreV1Event]:
         return self.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
+
+
+class PodsCreated:
+    """Every pod of one job that the API server shows while this runs, by name, with the uids it had.
+
+    A watch from the resourceVersion of a first list: a pod created and deleted
+    between two looks is counted too, and one name created twice shows two uids.
+    """
+
+    def __init__(self, cluster: Cluster, namespace: str, job: str):
+        self.core, self.namespace, self.selector = cluster.core, namespace, f"{LABEL_JOB}={job}"
+        self.uids: dict[str, set[str]] = {}
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        listed = self.core.list_namespaced_pod(namespace, label_selector=self.selector)
+        for pod in listed.items:
+            self.uids.setdefault(pod.metadata.name, set()).add(pod.metadata.uid)
+        self._rv = listed.metadata.resource_version
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+        self._thread.start()
+
+    def _follow(self) -> None:
+        try:
+            while not self._stop.is_set():
+                for event in watch.Watch().stream(self.core.list_namespaced_pod, self.namespace,
+                                                  label_selector=self.selector, resource_version=self._rv,
+                                                  timeout_seconds=2, allow_watch_bookmarks=True):
+                    pod = event["object"]
+                    self._rv = pod.metadata.resource_version
+                    if event["type"] != "BOOKMARK":
+                        self.uids.setdefault(pod.metadata.name, set()).add(pod.metadata.uid)
+        except BaseException as e:  # surfaced by stop()
+            self._error = e
+
+    def stop(self) -> dict[str, set[str]]:
+        """Stop watching (after at most the watch's 2 s): the pods seen, by name."""
+        self._stop.set()
+        self._thread.join(10)
+        if self._error is not None:
+            raise AssertionError(f"the pod watch failed: {self._error!r}")
+        return self.uids
 
 
 def _established(crd: Any) -> bool:
