@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from kubernetes.client.rest import ApiException
 
-from cohort.trainer.runtime.ports import free_ports
+from cohort.trainer.runtime.ports import ephemeral_range, free_ports
 from tests.support.kube import wait_for
 from tests.support.paths import kubectl_bin, pinned
 from tests.support.specs import with_workload
@@ -92,7 +92,7 @@ def _second_cluster_env(tmp_path: Path) -> dict[str, str]:
     while True:
         ports = free_ports(5)
         etcd = ports[1]
-        if etcd + 1 in ports:
+        if etcd + 1 in ports or etcd + 1 >= ephemeral_range()[0]:
             continue
         try:
             with socket.socket() as s:

@@ -90,9 +90,8 @@ def test_repairs_drift(cluster, namespace, operator):
 def _index_persisted(cluster, ns: str, name: str, before: int) -> None:
     """Return the moment the job's status shows a podIndex past ``before``: the operator has reserved the
     index of the pod it is about to create (reconciler.py's step 4), and may not have created it yet."""
-    deadline = time.monotonic() + 10
-    while cluster.get_job(ns, name)["status"]["podIndex"] == before and time.monotonic() < deadline:
-        time.sleep(0.005)
+    wait_for(lambda: cluster.get_job(ns, name)["status"]["podIndex"] != before, 10, 0.005,
+             what=f"{name}: podIndex past {before}")
 
 
 @pytest.mark.parametrize("kill_at", ["random", "index-persisted"])
@@ -101,7 +100,6 @@ def test_sigkill_and_restart_three_times_leaves_exactly_the_expected_pods(cluste
     cluster.create_job(namespace, job_manifest("tough", replicas={"min": 2, "max": 4, "target": 3, "spares": 1},
                                                faultTolerance={"backoffSeconds": 0}))
     running_with(cluster, namespace, "tough", 3, 4)
-    seen = PodsCreated(cluster, namespace, "tough")
     disruptions = [
         ("fail rank 1", lambda: terminate(cluster, namespace, world(cluster, namespace, "tough")["members"][1]["pod"], 1)),
         ("scale to 4", lambda: cluster.patch_job(namespace, "tough", {"spec": {"replicas": {"target": 4}}})),
@@ -109,23 +107,24 @@ def test_sigkill_and_restart_three_times_leaves_exactly_the_expected_pods(cluste
             world(cluster, namespace, "tough")["members"][0]["pod"], namespace)),
     ]
     expected = [(3, 4), (4, 5), (4, 5)]
-    for (what, disrupt), (active, total) in zip(disruptions, expected, strict=True):
-        index = cluster.get_job(namespace, "tough")["status"]["podIndex"]
-        disrupt()
-        if kill_at == "random":
-            time.sleep(rng.uniform(0.0, 0.4))  # somewhere in the middle of the reconcile it triggered
-        else:
-            _index_persisted(cluster, namespace, "tough", index)  # between the status write and the pod's creation
-        operator.kill()
-        operator.start().wait_ready()
-        job = running_with(cluster, namespace, "tough", active, total)
-        names = pod_names(cluster, namespace, "tough")
-        assert len(names) == len(set(names)) == total, f"after {what}: {names}"
-        members = job["status"]["world"]["members"]
-        assert len(members) == len(set(members)) == active and set(members) <= set(names), f"after {what}"
-        assert world(cluster, namespace, "tough")["version"] == job["status"]["world"]["version"]
+    with PodsCreated(cluster, namespace, "tough") as seen:
+        for (what, disrupt), (active, total) in zip(disruptions, expected, strict=True):
+            index = cluster.get_job(namespace, "tough")["status"]["podIndex"]
+            disrupt()
+            if kill_at == "random":
+                time.sleep(rng.uniform(0.0, 0.4))  # somewhere in the middle of the reconcile it triggered
+            else:
+                _index_persisted(cluster, namespace, "tough", index)  # before or just after the pod's creation
+            operator.kill()
+            operator.start().wait_ready()
+            job = running_with(cluster, namespace, "tough", active, total)
+            names = pod_names(cluster, namespace, "tough")
+            assert len(names) == len(set(names)) == total, f"after {what}: {names}"
+            members = job["status"]["world"]["members"]
+            assert len(members) == len(set(members)) == active and set(members) <= set(names), f"after {what}"
+            assert world(cluster, namespace, "tough")["version"] == job["status"]["world"]["version"]
     # Four first pods, then one per replaced or added worker: nothing created twice, no name used twice.
-    created = seen.stop()
+    created = seen.uids
     job = cluster.get_job(namespace, "tough")
     assert len(created) == 7 and all(len(uids) == 1 for uids in created.values()), sorted(created)
     # podIndex is persisted before a pod with that index is created, so an operator killed between the two

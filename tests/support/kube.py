@@ -98,6 +98,7 @@ class PodsCreated:
 
     A watch from the resourceVersion of a first list: a pod created and deleted
     between two looks is counted too, and one name created twice shows two uids.
+    A context manager: the watch ends with the block (after one more list).
     """
 
     def __init__(self, cluster: Cluster, namespace: str, job: str):
@@ -105,33 +106,46 @@ class PodsCreated:
         self.uids: dict[str, set[str]] = {}
         self._stop = threading.Event()
         self._error: BaseException | None = None
-        listed = self.core.list_namespaced_pod(namespace, label_selector=self.selector)
-        for pod in listed.items:
-            self.uids.setdefault(pod.metadata.name, set()).add(pod.metadata.uid)
-        self._rv = listed.metadata.resource_version
+        self._rv = self._list()
         self._thread = threading.Thread(target=self._follow, daemon=True)
         self._thread.start()
+
+    def _list(self) -> str:
+        listed = self.core.list_namespaced_pod(self.namespace, label_selector=self.selector)
+        for pod in listed.items:
+            self.uids.setdefault(pod.metadata.name, set()).add(pod.metadata.uid)
+        return str(listed.metadata.resource_version)
 
     def _follow(self) -> None:
         try:
             while not self._stop.is_set():
-                for event in watch.Watch().stream(self.core.list_namespaced_pod, self.namespace,
-                                                  label_selector=self.selector, resource_version=self._rv,
-                                                  timeout_seconds=2, allow_watch_bookmarks=True):
-                    pod = event["object"]
-                    self._rv = pod.metadata.resource_version
-                    if event["type"] != "BOOKMARK":
+                try:
+                    for event in watch.Watch().stream(self.core.list_namespaced_pod, self.namespace,
+                                                      label_selector=self.selector, resource_version=self._rv,
+                                                      timeout_seconds=2):
+                        pod = event["object"]
+                        self._rv = pod.metadata.resource_version
                         self.uids.setdefault(pod.metadata.name, set()).add(pod.metadata.uid)
-        except BaseException as e:  # surfaced by stop()
+                except ApiException as e:
+                    if e.status != 410:
+                        raise
+                    self._rv = self._list()  # our resourceVersion is too old: what is there now, then on
+        except BaseException as e:  # surfaced when the block ends
             self._error = e
 
-    def stop(self) -> dict[str, set[str]]:
-        """Stop watching (after at most the watch's 2 s): the pods seen, by name."""
+    def __enter__(self) -> PodsCreated:
+        return self
+
+    def __exit__(self, kind: Any, value: Any, tb: Any) -> None:
         self._stop.set()
         self._thread.join(10)
+        if kind is not None:
+            return  # the block's own error is the one to see
+        if self._thread.is_alive():
+            raise AssertionError("the pod watch did not end within 10 s")
         if self._error is not None:
             raise AssertionError(f"the pod watch failed: {self._error!r}")
-        return self.uids
+        self._list()
 
 
 def _established(crd: Any) -> bool:

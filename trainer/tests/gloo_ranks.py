@@ -55,9 +55,12 @@ def _entry(rank: int, fn: Callable[..., Any], world: int, port: int, out: str, a
 
 
 def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float = 180,
-              group: bool = True) -> list[Any]:
+              group: bool = True, port: int | None = None) -> list[Any]:
+    """``fn(rank, world, *args)`` in ``world`` spawned processes, in a gloo group on ``port`` (a free one if
+    None) unless ``group`` is False; their results, by rank."""
     with tempfile.TemporaryDirectory(prefix="cohort-ranks-") as out:
-        ctx = mp.start_processes(_entry, args=(fn, world, free_port(), out, args, group), nprocs=world, join=False,
+        port = free_port() if port is None else port
+        ctx = mp.start_processes(_entry, args=(fn, world, port, out, args, group), nprocs=world, join=False,
                                  start_method="spawn")
         deadline = time.monotonic() + timeout_s
         try:

@@ -30,6 +30,8 @@ def test_free_ports_lie_below_the_ephemeral_range_and_are_free():
 def test_free_ports_are_distinct(monkeypatch):
     """Two free_port() calls can agree (an operator once got one port for metrics and health);
     free_ports(n) never does, even when the random draw repeats itself."""
-    draws = iter([12345, 12345, 12345, 23456])
+    first = free_port()
+    second = next(p for p in iter(free_port, None) if p != first)
+    draws = iter([first, first, first, second])
     monkeypatch.setattr("cohort.trainer.runtime.ports.random.randrange", lambda lo, hi: next(draws))
-    assert free_ports(2) == [12345, 23456]
+    assert free_ports(2) == [first, second]

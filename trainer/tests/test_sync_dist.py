@@ -685,7 +685,7 @@ def test_gossip_does_not_wait_for_a_straggler():
         assert torch.equal(r["consensus"], results[0]["consensus"])  # evaluation sees one model
 
 
-def _world_change(rank: int, world: int, port: int) -> dict:
+def _world_change(rank: int, world: int, alone: int, three: int) -> dict:
     """Gossip in a world of 4, then (rank 3 gone, receives still posted) in a new world of 3."""
     ctx = SyncContext(rank, world, job_spec(sync="gossip", method="topk", ratio=0.1), CommStats())
     torch.manual_seed(rank)
@@ -695,9 +695,9 @@ def _world_change(rank: int, world: int, port: int) -> dict:
         sync.after_step(model, step)
     dist.destroy_process_group()  # no settle: a world change interrupts whatever is in flight
     if rank == 3:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{alone}", rank=0, world_size=1)
         return {}
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port + 1}", rank=rank, world_size=3)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{three}", rank=rank, world_size=3)
     sync = GossipSync(SyncContext(rank, 3, job_spec(sync="gossip", method="topk", ratio=0.1), CommStats()))
     before, _ = _disagreement(model, 3)
     for step in range(6, 36):
@@ -708,9 +708,10 @@ def _world_change(rank: int, world: int, port: int) -> dict:
 
 
 def test_gossip_keeps_working_after_the_world_shrinks():
-    from cohort.trainer.runtime.ports import free_port
+    from cohort.trainer.runtime.ports import free_ports
 
-    results = run_ranks(_world_change, 4, free_port())
+    group, alone, three = free_ports(3)  # the first world's, then rank 3's and the new world's
+    results = run_ranks(_world_change, 4, alone, three, port=group)
     for r in results[:3]:
         assert r["after"] < 0.9 * r["before"], r
 
