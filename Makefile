@@ -3,7 +3,7 @@
 #   make test   - set up from a clean clone and run every test tier
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
-.PHONY: help venv binaries cluster-up cluster-down crds check-generated lint test test-unit demo bench docs clean-cache
+.PHONY: help venv binaries setup cluster-up cluster-down crds check-generated lint test test-unit demo bench docs clean-cache
 
 # The cached virtualenv (outside the repo, keyed by hack/requirements.txt).
 VENV = $(shell hack/venv.sh)
@@ -18,6 +18,9 @@ venv:  ## create/refresh the cached virtualenv (torch, kopf, dev tools; api, cli
 
 binaries:  ## build the pinned control-plane binaries into ~/.cache/cohort/bin (once)
 	@hack/build-binaries.sh
+
+setup:  ## what the tests and the demo need, cold or checked warm: the binaries beside the virtualenv and the images
+	@hack/setup.sh
 
 cluster-up: binaries  ## start (or reuse) the local control plane; kubeconfig: ~/.cache/cohort/cluster/kubeconfig
 	@hack/cluster.sh up
@@ -38,17 +41,14 @@ lint:  ## ruff everywhere, mypy on the API, the client, the operator and the tra
 	@cd operator && $(VENV)/bin/mypy src
 	@cd trainer && $(VENV)/bin/mypy src
 
-test: binaries  ## everything: lint, generated files, the nodes' images, unit, dist, k8s integration and e2e tests
+test: setup  ## everything: the binaries, virtualenv and images (setup), lint, generated files, unit, dist, k8s integration and e2e tests
 	@$(MAKE) --no-print-directory lint check-generated
-	@# The images are built here, not by the first cluster test: a cold build (about 15 min) is longer than
-	@# any test's timeout. Cached by content, so a warm run only checks them.
-	@if [ "$$(hack/nodes.sh count)" != 0 ]; then $(MAKE) --no-print-directory images; fi
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit:  ## only the tests that need no cluster and no process group
 	@$(PY) -m pytest -m "not k8s and not dist and not e2e" $(PYTEST_ARGS)
 
-demo: binaries  ## the main job end to end on the local cluster: train, kill a worker, slow one, recover
+demo: setup  ## the main job end to end on the local cluster: train, kill a worker, slow one, recover
 	@hack/demo.sh
 
 bench:  ## run every benchmark (prints comparison tables; not tests)

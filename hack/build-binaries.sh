@@ -7,7 +7,7 @@
 #               kubelet and kube-proxy (a wrapper module pins every k8s.io staging module, because
 #               k8s.io/kubernetes's own go.mod replaces them with ./staging paths)
 #   etcd:       a two-line main over go.etcd.io/etcd/server/v3/etcdmain
-#   kwok:       kwok + kwokctl via go install
+#   kwok:       kwok (the simulated kubelets) via go install; kwokctl, its cluster manager, is not used
 #   helm:       helm via go install
 #   containerd: containerd, its runc v2 shim and ctr via go install (real nodes)
 #   crictl:     the CRI client (cri-tools) via go install (real nodes)
@@ -34,7 +34,7 @@ flock 9
 k8s_staging_modules() {
   # The authoritative list is the replace block of k8s.io/kubernetes's go.mod.
   local gomod
-  gomod=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  gomod=$(go_module "k8s.io/kubernetes@$K8S_VERSION" GoMod)
   sed -n 's#^\s*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$gomod"
 }
 
@@ -145,7 +145,7 @@ build_go_install() {  # name version binaries... -- packages...
   fi
   GOBIN="$tmp" go install -trimpath -tags "$tags" -ldflags "$ld" "${pkgs[@]/%/@$version}"
   if [[ $name == kueue ]]; then  # the manifests hack/kueue.sh applies, from the same module
-    local src; src=$(go mod download -json "sigs.k8s.io/kueue@$version" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+    local src; src=$(go_module "sigs.k8s.io/kueue@$version" Dir)
     mkdir -p "$tmp/config"
     cp "$src"/config/components/crd/bases/*.yaml "$src/config/components/rbac/role.yaml" \
        "$src/config/components/webhook/manifests.yaml" "$tmp/config/"
@@ -157,7 +157,7 @@ want=${1:-all}
 case $want in
   all|kubernetes) build_kubernetes ;;& 
   all|etcd) build_etcd ;;&
-  all|kwok) build_go_install kwok "$KWOK_VERSION" kwok kwokctl -- sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl ;;&
+  all|kwok) build_go_install kwok "$KWOK_VERSION" kwok -- sigs.k8s.io/kwok/cmd/kwok ;;&
   all|helm) build_go_install helm "$HELM_VERSION" helm -- helm.sh/helm/v3/cmd/helm ;;&
   all|containerd) build_go_install containerd "$CONTAINERD_VERSION" containerd containerd-shim-runc-v2 ctr -- \
     github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \

@@ -113,8 +113,9 @@ build_base() {
 build_pause() {
   local out=$1 tmp src
   tmp=$(mktemp -d "$IMAGES_DIR/.pause.XXXX")
-  src=$(cd "$COHORT_CACHE/src/kubernetes-$K8S_VERSION" 2>/dev/null && go list -m -f '{{.Dir}}' k8s.io/kubernetes 2>/dev/null) \
-    || die "the k8s.io/kubernetes module is not in the Go module cache: run hack/build-binaries.sh first"
+  # From the module itself, not from the binaries' build: hack/setup.sh builds the images beside it.
+  src=$(go_module "k8s.io/kubernetes@$K8S_VERSION" Dir)
+  [[ -f $src/build/pause/linux/pause.c ]] || die "no pause.c in the k8s.io/kubernetes module ($src): is the Go module proxy reachable?"
   log "pause: compiling $src/build/pause/linux/pause.c (static)"
   gcc -Os -static -Wall -Werror -DVERSION="v$PAUSE_VERSION-cohort" -o "$tmp/pause" "$src/build/pause/linux/pause.c"
   strip "$tmp/pause"

@@ -13,6 +13,12 @@ BIN_CACHE="$COHORT_CACHE/bin"
 REAL_NODES=${COHORT_REAL_NODES:-2}
 mkdir -p "$BIN_CACHE"
 
+# go_module module@version field: a field of a module in Go's module cache (Dir, GoMod, ...), downloaded
+# first if missing. Go locks its module cache, so builds running side by side may call this together.
+go_module() {
+  go mod download -json "$1" | sed -n "s/.*\"$2\": \"\(.*\)\".*/\1/p"
+}
+
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
