@@ -63,4 +63,4 @@ load-image:  ## import IMAGE (a name in buildah's storage, or a docker/OCI archi
 
 .PHONY: images
 images: binaries  ## build the images here without Docker (Debian base, buildah) and import them into running real nodes
-	@if hack/nodes.sh status >/dev/null 2>&1; then hack/nodes.sh images; else hack/images.sh build; fi
+	@hack/nodes.sh images

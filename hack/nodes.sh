@@ -300,8 +300,9 @@ healthy() {
   done
 }
 
-images() {  # build what changed, import it into every running node
+images() {  # build what changed, import it into every node when they run (stopped nodes import at start)
   "$HACK_DIR/images.sh" build pause operator trainer
+  healthy || return 0
   local i
   for ((i = 0; i < N; i++)); do "$HACK_DIR/images.sh" import "$(sock_of "$i")" "$CTRD_ROOTS/$(node_name "$i")"; done
 }

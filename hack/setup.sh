@@ -19,8 +19,7 @@ lane() {  # name cmd...: cmd's output, stdout and stderr, on stderr, each line p
 images_lane() {
   "$HACK_DIR/venv.sh" >/dev/null
   [[ $("$HACK_DIR/nodes.sh" count) != 0 ]] || return 0
-  # Nodes running hold binaries already: build and import; otherwise build (the nodes import at start).
-  if "$HACK_DIR/nodes.sh" status >/dev/null 2>&1; then "$HACK_DIR/nodes.sh" images; else "$HACK_DIR/images.sh" build; fi
+  "$HACK_DIR/nodes.sh" images  # running nodes hold the binaries already (ctr, for the import)
 }
 
 lane binaries "$HACK_DIR/build-binaries.sh" & binaries=$!
