@@ -174,10 +174,32 @@ def test_a_pending_phase_accounted_while_the_trainer_already_trained_is_taken_ba
     assert sum(job.seconds.values()) == pytest.approx(20)
 
 
-def test_a_survivor_become_rank_0_is_not_counted_from_its_start():
+def test_a_survivor_become_rank_0_is_counted_from_its_ledger_as_of_the_last_reading():
     """Rank 0 is lost; rank 1, which lived through it, becomes rank 0. Its ledger covers the whole run, most of
-    which the old rank 0's readings accounted already: the interval up to its first reading is recovery, and
-    its readings after are differences from that one."""
+    which the old rank 0's readings accounted already; its ``base`` (its ledger as of the cursor, served for
+    ``/progress?ledgerAt=``) says what it did since: trained until the loss, recovered, trained again."""
+    job = Job()
+    job.reconcile(2, "Running", {"step": 0, "ledger": ledger(0, 2, starting=2)})
+    job.reconcile(12, "Running", {"step": 200, "ledger": ledger(0, 12, first=1, ran=199, step=200, starting=2,
+                                                                   training=10)})
+    # The survivor's mark at 11.5 s (one at most a second), then 5 s of training, 1 s of recovery, 2.5 s of training.
+    survivor = {"pod": "j-worker-1", "first": 1, "starting": 1.5}
+    base = {"at": T0.timestamp() + 11.5, "step": 195, "stepsRun": 194, "seconds": {"starting": 1.5, "training": 10}}
+    doc = ledger(0.5, 20, ran=274, step=280, training=17.5, recovery=1, **survivor)
+    job.reconcile(20, "Running", {"step": 280, "ledger": {**doc, "base": base}})
+    # 8 s from the cursor (12) to the reading, split as the survivor's 8.5 s since its mark: 7.5 training, 1 recovery.
+    assert job.seconds == {"starting": 2.0, "training": pytest.approx(10 + 8 * 7.5 / 8.5, abs=1e-3),
+                           "recovery": pytest.approx(8 / 8.5, abs=1e-3)}
+    assert job.status.goodput.high_water_step == 280
+    job.reconcile(25, "Running", {"step": 330, "ledger": ledger(0.5, 25, ran=324, step=330, training=22.5, recovery=1,
+                                                                **survivor)})
+    assert job.seconds["training"] == pytest.approx(10 + 8 * 7.5 / 8.5 + 5, abs=1e-3)
+    assert sum(job.seconds.values()) == pytest.approx(25)
+
+
+def test_a_survivor_become_rank_0_without_a_base_is_recovery_up_to_its_first_reading():
+    """From a trainer that keeps no mark that old (or serves none): the interval up to its first reading is
+    recovery, and its readings after are differences from that one."""
     job = Job()
     job.reconcile(2, "Running", {"step": 0, "ledger": ledger(0, 2, starting=2)})
     job.reconcile(12, "Running", {"step": 200, "ledger": ledger(0, 12, first=1, starting=2, training=10)})

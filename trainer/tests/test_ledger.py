@@ -98,3 +98,27 @@ def test_during_gives_a_block_its_category_and_resumes_the_one_before():
     clock.t += 1
     assert ledger.current == "starting"
     assert ledger.snapshot()["seconds"]["evaluation"] == 2.0 and ledger.snapshot()["seconds"]["starting"] == 1.0
+
+
+def test_base_is_the_ledger_as_of_the_newest_mark_at_or_before_a_time():
+    """``snapshot(base_at)`` (``/progress?ledgerAt=``): what a survivor become rank 0 had done by the operator's
+    last reading of the old rank 0. Marks are taken as intervals close, at most one per MARK_EVERY_S."""
+    clock = FakeClock()
+    ledger = TimeLedger(clock=clock, wall=lambda: 1000.0 + clock.t)  # started at wall 1100
+    assert "base" not in ledger.snapshot()
+    assert "base" not in ledger.snapshot(base_at=1099.0)  # before the process started: nothing to say
+    clock.t += 2
+    ledger.first_step_in_world(1)  # wall 1102: a mark
+    for reached in range(2, 12):   # ten steps of 0.4 s: marks at walls 1103.2, 1104.4, 1105.6
+        clock.t += 0.4
+        ledger.step(healthy_s=None, threshold=1.5, reached=reached)
+    assert ledger.snapshot(base_at=1100.5)["base"] == {
+        "at": 1100.0, "stepsRun": 0,
+        "seconds": {"starting": 0.0, "training": 0.0, "checkpoint": 0.0, "recovery": 0.0, "straggler": 0.0,
+                    "evaluation": 0.0, "finishing": 0.0}}
+    base = ledger.snapshot(base_at=1104.0)["base"]  # the mark of wall 1103.2: 3 steps run
+    assert (base["at"], base["step"], base["stepsRun"]) == (1103.2, 4, 3)
+    assert base["seconds"]["starting"] == 2.0 and base["seconds"]["training"] == pytest.approx(1.2)
+    now = ledger.snapshot(base_at=1e12)
+    assert now["base"]["at"] == 1105.6 and now["base"]["stepsRun"] == 9  # the newest mark, not the open interval
+    assert now["at"] == 1106.0 and now["stepsRun"] == 10

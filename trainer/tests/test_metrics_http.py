@@ -55,3 +55,26 @@ def test_progress_says_how_far_past_its_deadline_the_trainer_is_by_its_own_clock
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/progress", timeout=5) as r:
         late = json.load(r)["overdueSeconds"]
     assert 0.25 <= late < 5, late
+
+
+def test_progress_serves_the_ledgers_base_for_the_time_in_its_query(served):
+    """The operator asks rank 0 for ``/progress?ledgerAt=<Unix seconds>``: the ledger's totals as of then
+    come as ``ledger.base`` (decide/goodput.py splits a survivor become rank 0's first interval with it)."""
+    import json
+    import time
+
+    from cohort.trainer.ledger import TimeLedger
+
+    metrics, port = served
+    ledger = TimeLedger()
+    metrics.ledger = ledger.snapshot
+
+    def progress(path: str) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return json.load(r)["ledger"]
+
+    assert "base" not in progress("/progress")
+    assert "base" not in progress("/progress?ledgerAt=not-a-time")
+    assert "base" not in progress(f"/progress?ledgerAt={ledger.started_at - 10:.3f}")
+    base = progress(f"/progress?ledgerAt={time.time():.3f}")["base"]
+    assert base["at"] == pytest.approx(ledger.started_at, abs=0.01) and base["stepsRun"] == 0

@@ -2,7 +2,8 @@
 
 Every ``progress`` interval, for each training job:
 
-- rank 0's ``GET /progress`` becomes ``status.progress`` and ``status.lastCheckpoint``;
+- rank 0's ``GET /progress`` becomes ``status.progress`` and ``status.lastCheckpoint``, and its
+  ``ledger`` the job's goodput (decide/goodput.py);
 - once rank 0 has answered (a job is training), every member's ``GET /metrics``
   feeds the straggler window, and the pure
   :func:`.stragglers.detect_straggler` may hand a verdict to the reconciler.
@@ -26,7 +27,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from .jobstate import JobMemory
-from .lifecycle import ACTIVE_PHASES
+from .lifecycle import ACTIVE_PHASES, parse_time
 from .naming import METRICS_PORT
 from .reconciler import Reconciler
 from .stragglers import detect_straggler, parse_compute_sample
@@ -91,7 +92,7 @@ class Prober:
         rank0 = members[0]
         spec = (mem.body or {}).get("spec") or {}
         stragglers = spec.get("stragglers") or {}
-        progress_text = await self._get(mem, rank0.pod, rank0.ip, "/progress")
+        progress_text = await self._get(mem, rank0.pod, rank0.ip, _progress_path(mem))
         if progress_text is None and mem.progress is None:
             return  # rank 0 has never answered: nothing trains yet (or a kwok pod, with no process at all)
         texts = [progress_text, *await asyncio.gather(*(self._get(mem, m.pod, m.ip, "/metrics") for m in members))]
@@ -124,6 +125,14 @@ class Prober:
         mem.verdict = verdict
         if changed:
             self.rec.queue.add(mem.key)
+
+
+def _progress_path(mem: JobMemory) -> str:
+    """``/progress``, asking for the ledger as of the end of the accounted time too (``base``): what a survivor
+    become rank 0 had done by then, so the goodput of the interval since is split by its ledger
+    (decide/goodput.py)."""
+    until = parse_time(mem.status.goodput.accounted_until)
+    return "/progress" if until is None else f"/progress?ledgerAt={until.timestamp():.3f}"
 
 
 def _parse_json(text: str | None) -> dict[str, Any] | None:

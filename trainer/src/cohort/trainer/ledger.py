@@ -18,6 +18,10 @@ changes (docs/monitoring.md, "Goodput", defines each category):
 
 The operator reads rank 0's :meth:`TimeLedger.snapshot` from ``/progress`` and
 adds what only it sees (queued, starting pods, lost work): docs/contracts.md §4.
+The ledger also keeps its totals as they were at past moments (:data:`HISTORY`
+marks, at most one per :data:`MARK_EVERY_S`): a survivor become rank 0 was never
+read before, and the operator asks for its ledger as of its last reading of the
+old rank 0 (``base``), so the interval between is split by what this process did in it.
 The healthy pace is :class:`HealthyPace`: per world size, the fastest median of
 :data:`WINDOW` consecutive steps seen so far.
 """
@@ -34,6 +38,8 @@ from typing import Any
 
 CATEGORIES = ("starting", "training", "checkpoint", "recovery", "straggler", "evaluation", "finishing")
 WINDOW = 8
+HISTORY = 1024  # marks kept: at one a second at most, the last quarter of an hour or more
+MARK_EVERY_S = 1.0
 
 
 class TimeLedger:
@@ -48,6 +54,9 @@ class TimeLedger:
         self.first_step: int | None = None  # the step its first step reached: its training counts from there
         self.steps_run = 0  # the steps whose time is training's (and straggling's): what lost work is split by
         self.reached: int | None = None  # the step its last step reached: served with steps_run, read together
+        # (wall time, totals by category, steps_run, reached) at past moments when no interval was open.
+        self._marks: deque[tuple[float, tuple[float, ...], int, int | None]] = deque(maxlen=HISTORY)
+        self._take_mark()
 
     def switch(self, category: str) -> str:
         """Close the open interval under the current category; the next is ``category``'s. Returns the old one."""
@@ -57,6 +66,7 @@ class TimeLedger:
             now = self._clock()
             self.seconds[self.current] += now - self._mark
             self._mark, previous, self.current = now, self.current, category
+            self._take_mark()
         return previous
 
     @contextlib.contextmanager
@@ -98,10 +108,30 @@ class TimeLedger:
             else:
                 self.seconds["training"] += spent
             self.current = "training"
+            self._take_mark()
         return spent
 
-    def snapshot(self) -> dict[str, Any]:
-        """The totals as of now, the open interval included (what ``/progress`` serves)."""
+    def _take_mark(self) -> None:
+        """Keep the totals as they are now, the open interval just closed (under the lock, or in ``__init__``)."""
+        wall = self._wall()
+        if self._marks and wall - self._marks[-1][0] < MARK_EVERY_S:
+            return
+        self._marks.append((wall, tuple(self.seconds[c] for c in CATEGORIES), self.steps_run, self.reached))
+
+    def _as_of(self, t: float) -> dict[str, Any] | None:
+        """The newest mark at or before Unix time ``t`` (under the lock); None if none is kept."""
+        for wall, seconds, ran, reached in reversed(self._marks):
+            if wall <= t:
+                doc: dict[str, Any] = {"at": round(wall, 3), "stepsRun": ran,
+                                       "seconds": {c: round(v, 3) for c, v in zip(CATEGORIES, seconds, strict=True)}}
+                if reached is not None:
+                    doc["step"] = reached
+                return doc
+        return None
+
+    def snapshot(self, base_at: float | None = None) -> dict[str, Any]:
+        """The totals as of now, the open interval included (what ``/progress`` serves); with ``base_at`` (Unix
+        seconds), also ``base``: the totals as they were at the newest mark at or before it, when one is kept."""
         with self._lock:
             open_s = self._clock() - self._mark
             seconds = {k: round(v + (open_s if k == self.current else 0.0), 3) for k, v in self.seconds.items()}
@@ -111,6 +141,9 @@ class TimeLedger:
                 doc["step"] = self.reached
             if self.first_step is not None:
                 doc["firstStep"] = self.first_step
+            base = None if base_at is None else self._as_of(base_at)
+            if base is not None:
+                doc["base"] = base
         return doc
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -76,7 +77,8 @@ class WorkerMetrics:
         for phase in ("stall", "write"):
             self.checkpoint_seconds.labels(phase)
         self.progress: dict[str, Any] = {"state": "starting", "step": 0, "epoch": 0}
-        self.ledger: Callable[[], dict[str, Any]] | None = None  # read live with each /progress (ledger.py)
+        # Read live with each /progress: TimeLedger.snapshot, given the query's ledgerAt (ledger.py).
+        self.ledger: Callable[[float | None], dict[str, Any]] | None = None
         self.deadline: float | None = None  # monotonic: when what the trainer does now should be over
         self._lock = threading.Lock()
 
@@ -93,13 +95,14 @@ class WorkerMetrics:
         with self._lock:
             return self.progress.get("state") == "starting"
 
-    def progress_json(self) -> bytes:
+    def progress_json(self, ledger_at: float | None = None) -> bytes:
+        """``/progress``; ``ledger_at`` (Unix seconds) asks for the ledger's ``base`` as of then as well."""
         with self._lock:
             doc = dict(self.progress)
         if self.deadline is not None:  # by this process's own clock: no skew between hosts
             doc["overdueSeconds"] = round(time.monotonic() - self.deadline, 3)
         if self.ledger is not None:
-            doc["ledger"] = self.ledger()
+            doc["ledger"] = self.ledger(ledger_at)
         return json.dumps(doc).encode()
 
     def serve(self, host: str, port: int) -> ThreadingHTTPServer:
@@ -107,7 +110,7 @@ class WorkerMetrics:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                path = self.path.split("?")[0]
+                path, _, query = self.path.partition("?")
                 if path == "/metrics":
                     body, ctype = generate_latest(metrics.registry), CONTENT_TYPE_LATEST
                 elif path == "/healthz":
@@ -118,7 +121,7 @@ class WorkerMetrics:
                 elif path == "/livez":  # answering is the evidence, in any state
                     body, ctype = b"ok\n", "text/plain"
                 elif path == "/progress":
-                    body, ctype = metrics.progress_json(), "application/json"
+                    body, ctype = metrics.progress_json(_ledger_at(query)), "application/json"
                 else:
                     self.send_error(404)
                     return
@@ -135,3 +138,12 @@ class WorkerMetrics:
         server.daemon_threads = True
         threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
         return server
+
+
+def _ledger_at(query: str) -> float | None:
+    """``ledgerAt`` from a ``/progress`` query string (Unix seconds), None when absent or not a number."""
+    values = urllib.parse.parse_qs(query).get("ledgerAt")
+    try:
+        return float(values[0]) if values else None
+    except ValueError:
+        return None

@@ -14,9 +14,14 @@ out. Who knows what the time was spent on depends on where the job is:
   its ``firstStep``, and before that start its pod was starting (recovery once
   steps were reported: a replacement's pod creation, image, imports and set-up,
   as is the process's own starting then); a first reading without
-  ``firstStep`` (taken before the first step, or from an older trainer), or of
-  a process that started before the reading before (a survivor become rank 0),
-  ends a starting (or recovery) interval;
+  ``firstStep`` (taken before the first step, or from an older trainer) ends a
+  starting (or recovery) interval;
+- the first reading of a process that started before the reading before (a
+  survivor become rank 0) says it from its ``base``: its ledger as it was at the
+  cursor (the prober asks for it, ``/progress?ledgerAt=``), so the interval
+  holds what it did then, its training before the loss, the recovery and its
+  first steps as rank 0; without a ``base`` (its ledger keeps none that old, or
+  an older trainer) the interval is recovery;
 - training over steps the job had already reached (``highWaterStep``), after a
   fallback to a checkpoint, is lost work;
 - when the job leaves the active phases, the time since the last reading is
@@ -58,7 +63,7 @@ def account(observed: Inputs, decision: Decision) -> None:
     if cursor is None or (before in FINAL_PHASES and g.accounted_until):
         return  # nothing to count from, or the ledger is closed
     now = observed.now
-    reading = _reading(observed, decision)
+    reading, base = _reading(observed, decision)
     if reading is not None and _same_process(reading, g.last_reading):
         until = min(_utc(reading.at), now)
         if until > cursor:
@@ -68,9 +73,11 @@ def account(observed: Inputs, decision: Decision) -> None:
     elif reading is not None and (g.last_reading.started_at == 0.0 or reading.at > g.last_reading.at):
         until = min(_utc(reading.at), now)
         if until > cursor:
-            if reading.first_step is not None and (g.last_reading.started_at == 0.0
-                                                   or reading.started_at >= g.last_reading.at):
+            new_process = g.last_reading.started_at == 0.0 or reading.started_at >= g.last_reading.at
+            if reading.first_step is not None and new_process:
                 _first_reading(g, reading, cursor, until)
+            elif base is not None and not new_process and reading.started_at <= base.at < until.timestamp():
+                _add_reading(g, base, reading, (until - cursor).total_seconds())  # a survivor, from the cursor on
             else:  # nothing of its life is known but the reading: up to it, it was starting (or recovery)
                 _add(g, _waiting(g), (until - cursor).total_seconds())
             cursor = until
@@ -101,8 +108,9 @@ def _without_trainer(before: str, after: str, high_water: int, first: bool) -> s
     return "recovery" if high_water else "starting"
 
 
-def _reading(observed: Inputs, decision: Decision) -> LedgerReading | None:
-    """Rank 0's ledger: its termination summary's when it just finished, else its newest /progress."""
+def _reading(observed: Inputs, decision: Decision) -> tuple[LedgerReading | None, LedgerReading | None]:
+    """Rank 0's ledger: its termination summary's when it just finished, else its newest /progress; with it its
+    ``base``, the same ledger as of the cursor, when the document has one."""
     docs: list[dict[str, Any] | None] = [observed.progress]
     if decision.status.phase in FINAL_PHASES and observed.world.members:
         rank0 = next((v for v in observed.pods if v.name == observed.world.members[0].pod), None)
@@ -113,8 +121,16 @@ def _reading(observed: Inputs, decision: Decision) -> LedgerReading | None:
         if isinstance(ledger, dict):
             reading = parse_reading(ledger, (doc or {}).get("step"))
             if reading is not None:
-                return reading
-    return None
+                return reading, _base(ledger, reading)
+    return None, None
+
+
+def _base(ledger: dict[str, Any], reading: LedgerReading) -> LedgerReading | None:
+    """The ledger's ``base`` (its totals at an earlier moment) as a reading of the same process, or None."""
+    base = ledger.get("base")
+    if not isinstance(base, dict):
+        return None
+    return parse_reading({**base, "pod": reading.pod, "startedAt": reading.started_at}, None)
 
 
 def parse_reading(ledger: dict[str, Any], step: Any) -> LedgerReading | None:
