@@ -185,13 +185,14 @@ def test_a_survivor_become_rank_0_is_counted_from_its_ledger_as_of_the_last_read
     # The survivor's mark at 11.5 s (one at most a second), then 5 s of training, 1 s of recovery, 2.5 s of training.
     survivor = {"pod": "j-worker-1", "first": 1, "starting": 1.5}
     base = {"at": T0.timestamp() + 11.5, "step": 195, "stepsRun": 194, "seconds": {"starting": 1.5, "training": 10}}
-    doc = ledger(0.5, 20, ran=274, step=280, training=17.5, recovery=1, **survivor)
-    job.reconcile(20, "Running", {"step": 280, "ledger": {**doc, "base": base}})
+    doc = ledger(0.5, 20, ran=274, step=275, training=17.5, recovery=1, **survivor)
+    job.reconcile(20, "Running", {"step": 275, "ledger": {**doc, "base": base}})
     # 8 s from the cursor (12) to the reading, split as the survivor's 8.5 s since its mark: 7.5 training, 1 recovery.
     assert job.seconds == {"starting": 2.0, "training": pytest.approx(10 + 8 * 7.5 / 8.5, abs=1e-3),
                            "recovery": pytest.approx(8 / 8.5, abs=1e-3)}
-    assert job.status.goodput.high_water_step == 280
-    job.reconcile(25, "Running", {"step": 330, "ledger": ledger(0.5, 25, ran=324, step=330, training=22.5, recovery=1,
+    # Its 5 steps from its mark (195) to the cursor's step (200) ran before the cursor: none is lost work.
+    assert job.status.goodput.high_water_step == 275
+    job.reconcile(25, "Running", {"step": 325, "ledger": ledger(0.5, 25, ran=324, step=325, training=22.5, recovery=1,
                                                                 **survivor)})
     assert job.seconds["training"] == pytest.approx(10 + 8 * 7.5 / 8.5 + 5, abs=1e-3)
     assert sum(job.seconds.values()) == pytest.approx(25)

@@ -93,4 +93,5 @@ def test_a_survivor_become_rank_0_is_accounted_from_the_base_its_endpoint_serves
     # The 10 s since the last reading: 9 s of the survivor's training and its 1 s of recovery, not 10 s of recovery.
     assert seconds.recovery == pytest.approx(1.0, abs=0.15), seconds
     assert seconds.training == pytest.approx(28 + 9, abs=0.15), seconds
+    assert seconds.lost_work == 0, seconds  # its steps from its mark to the cursor were the old rank 0's too
     assert seconds.starting + seconds.training + seconds.recovery == pytest.approx(40, abs=0.01), seconds

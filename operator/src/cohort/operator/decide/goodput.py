@@ -77,7 +77,7 @@ def account(observed: Inputs, decision: Decision) -> None:
             if reading.first_step is not None and new_process:
                 _first_reading(g, reading, cursor, until)
             elif base is not None and not new_process and reading.started_at <= base.at < until.timestamp():
-                _add_reading(g, base, reading, (until - cursor).total_seconds())  # a survivor, from the cursor on
+                _add_reading(g, _caught_up(g, base), reading, (until - cursor).total_seconds())  # a survivor
             else:  # nothing of its life is known but the reading: up to it, it was starting (or recovery)
                 _add(g, _waiting(g), (until - cursor).total_seconds())
             cursor = until
@@ -131,6 +131,16 @@ def _base(ledger: dict[str, Any], reading: LedgerReading) -> LedgerReading | Non
     if not isinstance(base, dict):
         return None
     return parse_reading({**base, "pod": reading.pod, "startedAt": reading.started_at}, None)
+
+
+def _caught_up(g: Goodput, base: LedgerReading) -> LedgerReading:
+    """A survivor's ``base`` as of the job's high-water step: its mark is up to a second before the cursor, and the
+    steps it ran from there to that step ran before the cursor, in step with the old rank 0 whose reading counted
+    them; they are not computed again (lost work)."""
+    behind = g.high_water_step - base.step
+    if behind <= 0 or base.steps_run is None:
+        return base
+    return dataclasses.replace(base, step=g.high_water_step, steps_run=base.steps_run + behind)
 
 
 def parse_reading(ledger: dict[str, Any], step: Any) -> LedgerReading | None:
