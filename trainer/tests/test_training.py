@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import re
 import subprocess
@@ -205,7 +204,8 @@ def test_eta_at_half_way_is_the_rest_at_the_rate_so_far(tmp_path):
     the reading, which no estimate can know. On 2 cores shared with the local cluster's daemons the second half
     ran 34 % faster than the first (ETA 32 s, 23.9 s left; 14 % on a quiet machine), so that comparison failed
     on a correct ETA. A wrong one is off by far more, whatever the machine does: with the per-rank batch for
-    the global one, ETA 14 s against 30.4 s at the rate so far."""
+    the global one, ETA 14 s against 30.4 s at the rate so far. The run is stopped once the ETA is read: the
+    second half says nothing more."""
     m = manifest("eta", workload={"epochs": 0, "maxSteps": 3000, "evalEveryEpochs": 0,
                                   "modelArgs": {"hidden": 1024, "depth": 2}}, checkpoint={"everySteps": 0})
     mf = write_manifest(tmp_path / "eta.yaml", m)
@@ -218,18 +218,18 @@ def test_eta_at_half_way_is_the_rest_at_the_rate_so_far(tmp_path):
     for line in proc.stderr:
         lines.append(line)
         found = re.search(r"step (\d+)/(\d+) .* eta (\d+)s", line)
-        if found and half is None and int(found[1]) >= int(found[2]) / 2:
+        if found and int(found[1]) >= int(found[2]) / 2:
             half = (time.time(), int(found[1]), int(found[2]), int(found[3]))
-    assert proc.wait(timeout=300) == 0, "".join(lines[-30:])
+            proc.terminate()  # cohort run --local stops its workers on SIGTERM (cli.py)
+            break
+    proc.communicate(timeout=60)  # the rest of its output, so its shutdown never waits on a full pipe
     assert half is not None, "".join(lines[-30:])
     records = [json.loads(x) for p in (tmp_path / "run").glob("*.log") for x in p.read_text().splitlines()
-               if '"rank": 0' in x and ('"training complete"' in x or '"first step in world"' in x)]
-    first = next(r for r in records if r["msg"] == "first step in world")
-    done = next(r for r in records if r["msg"] == "training complete")
+               if '"rank": 0' in x and '"first step in world"' in x]
+    first = records[0]
     read_at, step, last, eta = half
     so_far = read_at - first["t"]
     assert so_far > 5, f"the first half took {so_far:.1f} s: too short to judge an ETA"
     expected = (last - step) * so_far / (step - first["step"])
-    left = dt.datetime.fromisoformat(done["ts"].replace("Z", "+00:00")).timestamp() - read_at
-    print(f"ETA {eta} s at step {step}/{last}: {expected:.1f} s at the rate so far, {left:.1f} s really left")
+    print(f"ETA {eta} s at step {step}/{last}: {expected:.1f} s at the rate so far")
     assert abs(eta - expected) <= 0.25 * expected, f"ETA {eta} s at step {step}, {expected:.1f} s at the rate so far"
