@@ -147,6 +147,15 @@ def test_progress_line_has_step_percent_eta_loss_world_and_recoveries():
                     "15.0k tok/s  world 4 (v3)  recoveries 2")
 
 
+def test_progress_line_shows_samples_for_a_model_whose_tokens_are_its_samples():
+    """A non-language model's ``tokensPerSecond`` is its samples per second (one token a sample, rounded apart)."""
+    line = format_progress(job({"phase": "Succeeded", "progress": {"step": 330, "samplesPerSecond": 10237.3,
+                                                                   "tokensPerSecond": 10240.0}}))
+    assert "  10.2k samples/s  " in line, line
+    assert "  950 samples/s  " in format_progress(job({"progress": {"samplesPerSecond": 950.0,
+                                                                    "tokensPerSecond": 950.0}}))
+
+
 def test_progress_line_before_the_first_step():
     line = format_progress(job())
     assert line == ("digits Pending    [                    ]      -  step 0  ETA -  loss -  - samples/s  "

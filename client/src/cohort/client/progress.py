@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from cohort.api.models import Progress
+
 from .job import TrainingJob
 
 BAR_WIDTH = 20
@@ -49,11 +51,18 @@ def format_progress(job: TrainingJob) -> str:
     p, st = job.progress, job.status
     pct = "-" if p.percent is None else f"{p.percent:.1f}%"
     loss = "-" if p.loss is None else f"{p.loss:.4g}"
-    rate = (f"{format_rate(p.tokens_per_second)} tok/s" if p.tokens_per_second is not None
-            else f"{format_rate(p.samples_per_second)} samples/s")
     return (f"{job.name} {job.phase:<10} {progress_bar(p.percent)} {pct:>6}  step {p.step}  "
-            f"ETA {format_duration(p.eta_seconds)}  loss {loss}  {rate}  "
+            f"ETA {format_duration(p.eta_seconds)}  loss {loss}  {format_throughput(p)}  "
             f"world {st.world.size} (v{st.world.version})  recoveries {job.recoveries}")
+
+
+def format_throughput(p: Progress) -> str:
+    """``15.0k tok/s`` for a model whose samples are sequences of tokens, else ``950 samples/s``: the trainer
+    reports a non-language model's samples as its tokens (``tokensPerSecond``, one token a sample)."""
+    tokens, samples = p.tokens_per_second, p.samples_per_second
+    if tokens is not None and (samples is None or tokens >= 1.5 * samples):
+        return f"{format_rate(tokens)} tok/s"
+    return f"{format_rate(samples if samples is not None else tokens)} samples/s"
 
 
 def format_goodput(job: TrainingJob) -> str | None:
