@@ -43,12 +43,13 @@ class FakeWorker:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 steps = int((time.monotonic() - worker.started) * STEPS_PER_S)
-                if self.path == "/metrics":
+                path = self.path.split("?")[0]  # the operator asks /progress?ledgerAt=... (docs/contracts.md §4)
+                if path == "/metrics":
                     body = ("# TYPE cohort_step_compute_seconds histogram\n"
                             f'cohort_step_compute_seconds_bucket{{le="+Inf"}} {steps}\n'
                             f"cohort_step_compute_seconds_sum {steps * worker.compute_s}\n"
                             f"cohort_step_compute_seconds_count {steps}\n")
-                elif self.path == "/progress":
+                elif path == "/progress":
                     body = json.dumps({"rank": 0, "worldVersion": 1, "step": steps, "epoch": 1, "loss": 0.25,
                                        "samplesPerSecond": 640.0, "accuracy": 0.5, "plan": "dp",
                                        "lastCheckpoint": {"step": 10, "location": "/c/step-00000010",

@@ -16,7 +16,7 @@ class _Healthz(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self.send_response(200)
         self.end_headers()
-        if self.path == "/progress" and self.progress is not None:
+        if self.path.split("?")[0] == "/progress" and self.progress is not None:  # a query: ledgerAt (§4)
             self.wfile.write(json.dumps(self.progress).encode())
 
     def log_message(self, *args: object) -> None:
