@@ -6,13 +6,17 @@ ranks' return values (saved with torch.save) in rank order. ``fn`` must be a
 module-level function of an importable module (spawn pickles it by name).
 With ``group=False`` no group is formed: ``fn`` forms (and ends) its own.
 Processes that outlive ``timeout_s`` are killed, and the test fails.
+``run_trainer`` runs one job's real Trainer on a rank of such a process (tests that run many jobs
+on one set of ranks), ``case_error`` records a job that failed there.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -72,3 +76,33 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float =
                 if p.is_alive():
                     p.kill()
         return [torch.load(Path(out) / f"{r}.pt", weights_only=False) for r in range(world)]
+
+
+# Every Trainer run_trainer makes stays alive until the rank process ends (exit_process: os._exit, no
+# destructors). Freeing one frees its DDP Reducer and, with it, the case's gloo process group, whose
+# destructor joins gloo's worker threads while holding the GIL; a worker that is just dropping a finished
+# collective then waits for the GIL forever. Seen as test_device_paths.py's 600 s hang, 1 run in 7 on a
+# loaded host, with its simulated device's tensors (main thread: pybind11 dealloc of the Reducer ->
+# ~ProcessGroupGloo -> std::thread::join; gloo thread: runLoop -> ~AsyncAllreduceWork ->
+# TensorImpl::decref_pyobject -> gil_scoped_acquire), and as test_convergence.py's ranks 0 and 1 stuck at
+# the end of its first case with plain CPU tensors. A worker has one Trainer and ends with os._exit.
+_TRAINERS: list[Any] = []
+
+
+def run_trainer(rank: int, world: int, port: int, cfg: Any, env: dict[str, str]) -> tuple[Any, dict[str, Any]]:
+    """One job's real Trainer on this rank, in a static world of ``world`` ranks on ``port`` (torchrun's
+    variables), with ``env`` over the process's; the Trainer (kept alive, above) and its summary."""
+    from cohort.trainer.trainer import Trainer
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    trainer = Trainer(cfg, {**os.environ, **env})
+    _TRAINERS.append(trainer)
+    return trainer, trainer.run()
+
+
+def case_error(e: Exception) -> dict[str, Any]:
+    """A failed case's record, so that one broken case does not hide the others; leaves its group."""
+    from cohort.trainer.runtime.process_group import Rendezvous
+
+    Rendezvous.leave()
+    return {"error": f"{type(e).__name__}: {str(e)[:600]}\n{''.join(traceback.format_tb(e.__traceback__))[-3000:]}"}

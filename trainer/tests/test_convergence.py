@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from gloo_ranks import run_ranks
+from gloo_ranks import case_error, run_ranks, run_trainer
 
 from cohort.api.jobconfig import from_manifest
 from cohort.api.models import SUPPORTED_COMPRESSION
@@ -76,35 +76,18 @@ for _collective in ("cyclic", "global"):
     DIGITS_CASES.append((f"allreduce-topk-{_collective}", _m))
 
 
-# Every case's Trainer stays alive until the process ends (os._exit): freeing one frees its DDP Reducer and
-# its gloo process group, whose destructor can wait forever on a gloo thread that needs the GIL it holds
-# (test_device_paths.py tells the whole story). Seen here as ranks 0 and 1 stuck at the end of a case.
-_KEEP: list[Any] = []
-
-
 def _train_cases(rank: int, world: int, cases: list[tuple[str, dict[str, Any]]], ports: list[int],
                  root: str) -> dict[str, Any]:
-    import os
-    import traceback
-
-    from cohort.trainer.runtime.process_group import Rendezvous
-    from cohort.trainer.trainer import Trainer
-
     out: dict[str, Any] = {}
     for (name, m), port in zip(cases, ports, strict=True):
         m = copy.deepcopy(m)
         m["spec"]["checkpoint"]["path"] = f"{root}/{name}"
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        env = {**os.environ, "COHORT_METRICS_PORT": "0", "COHORT_POD_NAME": f"{name}-{rank}",
+        env = {"COHORT_METRICS_PORT": "0", "COHORT_POD_NAME": f"{name}-{rank}",
                "COHORT_TERMINATION_LOG": f"{root}/{name}-{rank}.summary"}
         try:
-            trainer = Trainer(from_manifest(m), env)
-            _KEEP.append(trainer)
-            out[name] = trainer.run()
-        except Exception as e:  # reported per case: one broken pair must not hide the others
-            out[name] = {"error": f"{type(e).__name__}: {str(e)[:600]}\n"
-                                  f"{''.join(traceback.format_tb(e.__traceback__))[-3000:]}"}
-            Rendezvous.leave()
+            out[name] = run_trainer(rank, world, port, from_manifest(m), env)[1]
+        except Exception as e:
+            out[name] = case_error(e)
     return out
 
 

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import os
 import tempfile
-import traceback
 from typing import Any
 
 import pytest
 import torch
-from gloo_ranks import run_ranks
+from gloo_ranks import case_error, run_ranks, run_trainer
 
 from cohort.api.jobconfig import from_manifest
 from cohort.api.models import ALL_COMPRESSION, OWN_MOMENTUM, SUPPORTED_COMPRESSION
@@ -76,47 +75,29 @@ def api_table() -> list[tuple[str, dict[str, Any]]]:
 CASES = api_table()
 
 
-# Every case's trainer stays alive until the rank process ends (gloo_ranks' exit_process: os._exit, no
-# destructors). Freeing one frees its DDP Reducer and, with it, the case's gloo process group, whose
-# destructor joins gloo's worker threads while holding the GIL; a worker that is just dropping a
-# finished collective of "sim" tensors (a Python subclass: the decref needs the GIL) then waits for the
-# GIL forever. Seen as the fixture's 600 s hang, 1 run in 7 on a loaded host, on the synchronous code
-# (main thread: pybind11 dealloc of the Reducer -> ~ProcessGroupGloo -> std::thread::join; gloo thread:
-# runLoop -> ~AsyncAllreduceWork -> TensorImpl::decref_pyobject -> gil_scoped_acquire). Plain CPU and
-# CUDA tensors own no Python object, so the trainer itself does not meet this.
-_KEEP: list[Any] = []
-
-
 def _train_cases(rank: int, world: int, cases: list[tuple[str, dict[str, Any]]], ports: list[int],
                  root: str) -> dict[str, Any]:
     from simulated_device import on_device, simulated_device
-
-    from cohort.trainer.runtime.process_group import Rendezvous
-    from cohort.trainer.trainer import Trainer
 
     out: dict[str, Any] = {}
     for (name, spec), port in zip(cases, ports, strict=True):
         spec = {**spec, "checkpoint": {**spec["checkpoint"], "path": f"{root}/{name}"}}
         cfg = from_manifest({"apiVersion": "cohort.dev/v1alpha1", "kind": "TrainingJob",
                              "metadata": {"name": "dev"}, "spec": spec})
-        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         os.environ["COHORT_PG_BACKEND"] = "cpu:gloo,sim:gloo"  # the simulated device's tensors go over gloo
-        env = {**os.environ, "COHORT_DEVICE": "sim", "COHORT_METRICS_PORT": "0", "COHORT_POD_NAME": f"rank-{rank}",
+        env = {"COHORT_DEVICE": "sim", "COHORT_METRICS_PORT": "0", "COHORT_POD_NAME": f"rank-{rank}",
                "COHORT_TERMINATION_LOG": f"{root}/{name}-{rank}.summary"}
         try:
             with simulated_device() as sim:
-                trainer = Trainer(cfg, env)
-                _KEEP.append(trainer)
-                summary = trainer.run()
+                trainer, summary = run_trainer(rank, world, port, cfg, env)
             placed = all(on_device(p) for p in trainer.model.parameters())
             state = [v for s in trainer.optimizer.state.values() for v in s.values()
                      if isinstance(v, torch.Tensor) and v.dim() > 0]
             out[name] = {"step": summary["step"], "device": summary["device"], "params_on_device": placed,
                          "optimizer_on_device": all(on_device(v) for v in state), "collectives": list(sim.collectives),
                          "error": None}
-        except Exception as e:  # reported per case: one broken pair must not hide the others
-            out[name] = {"error": f"{type(e).__name__}: {str(e)[:600]}\n{''.join(traceback.format_tb(e.__traceback__))[-3000:]}"}
-            Rendezvous.leave()
+        except Exception as e:
+            out[name] = case_error(e)
     return out
 
 
