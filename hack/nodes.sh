@@ -300,11 +300,15 @@ healthy() {
   done
 }
 
-images() {  # build what changed, import it into every node when they run (stopped nodes import at start)
-  "$HACK_DIR/images.sh" build pause operator trainer
-  healthy || return 0
+import_images() {  # import the built images each node's containerd lacks (every containerd runs)
   local i
   for ((i = 0; i < N; i++)); do "$HACK_DIR/images.sh" import "$(sock_of "$i")" "$CTRD_ROOTS/$(node_name "$i")"; done
+}
+
+images() {  # build what changed, import it into every node when they run (stopped nodes import at start: up)
+  "$HACK_DIR/images.sh" build pause operator trainer
+  healthy || return 0
+  import_images
 }
 
 up() {
@@ -324,7 +328,7 @@ up() {
     PATH="$CTRD_BIN:$PATH" start "containerd-$i" "$CTRD_BIN/containerd" --config "$NODES_DIR/$name/containerd.toml"
     wait_until "containerd of $name" 30 "$PIDS/containerd-$i.pid" "$CTRD_BIN/ctr" --address "$(sock_of "$i")" version
   done
-  images
+  import_images  # not images: healthy() is false until the kubelets below run
   for ((i = 0; i < N; i++)); do
     name=$(node_name "$i")
     log "starting kubelet $K8S_VERSION as $name ($NODE_IP:$((KUBELET_PORT + i)))"

@@ -8,12 +8,15 @@ kubelet's enforcement of their securityContext and limits.
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes.client.rest import ApiException
 
 from tests.support.kube import Cluster, wait_for
+from tests.support.paths import REPO, cache_dir
 
 SELECTOR = "cohort.dev/node-kind=real"
 RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted",
@@ -36,7 +39,24 @@ def real_nodes(cluster: Cluster) -> list[str]:
     if len(names) < 2:
         pytest.fail(f"want 2 Ready real nodes ({SELECTOR}), have {names}: start them with hack/cluster.sh up "
                     "(COHORT_REAL_NODES=2, as root)", pytrace=False)
+    stale = not_imported(names)
+    if stale:
+        pytest.fail(f"the real nodes run older images than this tree builds: {stale} not imported "
+                    "(hack/nodes.sh images imports them)", pytrace=False)
     return names
+
+
+def not_imported(nodes: list[str]) -> list[str]:
+    """This tree's image builds (hack/images.sh archive) that a node's containerd has no import record of
+    (hack/images.sh import writes one per image and archive into the node's containerd root)."""
+    missing = []
+    for image in ("pause", "operator", "trainer"):
+        archive = subprocess.run([str(REPO / "hack/images.sh"), "archive", image], capture_output=True, text=True,
+                                 check=True).stdout.strip()
+        build = Path(archive).name.removesuffix(".tar.zst")
+        missing += [f"{node}: {build}" for node in nodes
+                    if not (cache_dir() / "containerd" / node / f"imported-{image}-{build}").exists()]
+    return missing
 
 
 def restrict(cluster: Cluster, namespace: str) -> None:
