@@ -7,7 +7,8 @@ Checked from where a user would see it: the worker's uid and read-only root
 from inside the running container, the kubelet's OOMKilled verdict in the
 operator's Event, the failure counted and replaced, and the job succeeding
 with the accuracy target. Then the GPT on real text (examples/gpt-text.yaml)
-loses a worker and trains on exactly the samples of its data order.
+loses a worker and trains on exactly the samples of its data order, on the
+token shards the image prepared at build time.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from cohort.trainer.sampler import ElasticSampler
 from tests.support.kube import wait_for
 from tests.support.operator import TEST_INSTANCE, kubectl
 from tests.support.realnodes import real_nodes, restrict  # noqa: F401
-from tests.support.training import REPO
+from tests.support.training import REPO, follow_logs, worker_records
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 ACCURACY = 0.96
@@ -99,6 +100,7 @@ def test_gpt_text_in_containers_survives_a_killed_worker_with_exact_data_resume(
                         "env": [{"name": "COHORT_SAMPLE_LOG", "value": "/samples"},
                                 {"name": "COHORT_FAULT_KILL", "value": "rank=1,step=20"}]}]}}
     try:
+        follow_logs(cluster, namespace, "gpt")
         cluster.create_job(namespace, job)
 
         def finished() -> dict | None:
@@ -122,5 +124,10 @@ def test_gpt_text_in_containers_survives_a_killed_worker_with_exact_data_resume(
             want = sorted(perm[step * GLOBAL_BATCH:(step + 1) * GLOBAL_BATCH].tolist())
             assert got == want, f"step {step}: trained on other samples than the data order's"
         assert len({r["world_version"] for r in kept}) >= 2, "no world change was seen"
+        # Every worker (a replacement too) found the shards the trainer image prepared at build time.
+        records = worker_records(namespace, "gpt")
+        assert len({r["_pod"] for r in records if r.get("msg") == "joined world"}) >= 4, "the workers' logs"
+        prepared = [r for r in records if str(r.get("msg")).startswith("python-source:")]
+        assert not prepared, f"workers prepared python-source themselves: {prepared[:2]}"
     finally:
         shutil.rmtree(samples, ignore_errors=True)

@@ -56,15 +56,20 @@ def create(cluster: Cluster, ns: str, job: dict[str, Any]) -> None:
     """Apply the job (and its checkpoint claim) in a restricted namespace, and follow its workers' logs."""
     restrict(cluster, ns)
     name = job["metadata"]["name"]
-    follower = podlogs.PodLogs(cluster.core, ns, name, LOG_DIR)
-    follower.clear(f"{name}-worker-")
-    FOLLOWERS.append(follower.__enter__())
+    follow_logs(cluster, ns, name)
     claim = job["spec"]["checkpoint"].get("volume", {}).get("persistentVolumeClaim", {}).get("claimName")
     if claim:
         cluster.core.create_namespaced_persistent_volume_claim(ns, {
             "metadata": {"name": claim},
             "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}}})
     cluster.create_job(ns, job)
+
+
+def follow_logs(cluster: Cluster, ns: str, name: str) -> None:
+    """Follow the job's workers' logs into LOG_DIR (worker_records reads them) until the test ends."""
+    follower = podlogs.PodLogs(cluster.core, ns, name, LOG_DIR)
+    follower.clear(f"{name}-worker-")
+    FOLLOWERS.append(follower.__enter__())
 
 
 def progress(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:

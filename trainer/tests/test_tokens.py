@@ -75,6 +75,19 @@ def test_python_source_prepares_the_same_bytes_twice_and_splits_by_file(tmp_path
     assert 0.02 < len(evals) / len(files) < 0.1  # whole files, about eval_fraction of them
 
 
+def test_python_source_uses_shards_prepared_ahead_and_writes_nothing(tmp_path, monkeypatch):
+    """$COHORT_DATA_PREPARED (the trainer image's /opt/cohort-data) is looked in before the cache: its shards
+    are used as they are, nothing is prepared or written; other settings are prepared into the cache."""
+    ready = python_source.prepare(vocab_size=400, cache_dir=str(tmp_path / "ready"), limit_files=40)
+    monkeypatch.setenv("COHORT_DATA_PREPARED", f"{tmp_path / 'none'}:{tmp_path / 'ready'}")
+    assert ready.stat().st_mode & 0o777 == 0o755  # the image prepares as root, its workers read as 65532
+    before = {p: p.stat().st_mtime_ns for p in ready.iterdir()}
+    assert python_source.prepare(vocab_size=400, cache_dir=str(tmp_path / "cache"), limit_files=40) == ready
+    assert not (tmp_path / "cache").exists() and {p: p.stat().st_mtime_ns for p in ready.iterdir()} == before
+    other = python_source.prepare(vocab_size=300, cache_dir=str(tmp_path / "cache"), limit_files=40)
+    assert other.parent == tmp_path / "cache" and (other / "meta.json").exists()
+
+
 def test_the_tokenizer_round_trips_real_source(tmp_path):
     from tokenizers import Tokenizer
 

@@ -22,6 +22,13 @@ Ranks that share a node share the cache and prepare it once (a file lock).
 Ranks on separate nodes each prepare their own copy. That is deterministic:
 the same Python build gives the same files, the BPE trainer breaks ties by
 pair order, and the test suite checks two preparations byte for byte.
+
+Directories named in ``$COHORT_DATA_PREPARED`` (``:``-separated, read only)
+are looked in before the cache: the trainer image prepares the default
+settings into one at build time (``python -m cohort.trainer.workloads.python_source
+DIR``), with the Python it runs, so its workers find the shards there and
+prepare nothing (about 11 s of CPU and 0.85 GB of memory each, measured on the
+2-core host).
 """
 
 from __future__ import annotations
@@ -62,6 +69,11 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("COHORT_DATA_DIR") or Path.home() / ".cache" / "cohort" / "data")
 
 
+def prepared_dirs() -> list[Path]:
+    """The read-only directories of data prepared ahead of time (``$COHORT_DATA_PREPARED``), in order."""
+    return [Path(d) for d in os.environ.get("COHORT_DATA_PREPARED", "").split(":") if d]
+
+
 def prepare(vocab_size: int = 4096, cache_dir: str = "", eval_fraction: float = 0.05,
             root: Path | None = None, limit_files: int = 0) -> Path:
     """The token-shard directory for these settings, prepared first if it is not cached yet.
@@ -78,8 +90,12 @@ def prepare(vocab_size: int = 4096, cache_dir: str = "", eval_fraction: float = 
         files = files[:limit_files]
     fingerprint = hashlib.sha256(repr((FORMAT, PREP_VERSION, sys.version, vocab_size, eval_fraction,
                                        [(str(f.relative_to(root)), f.stat().st_size) for f in files])).encode())
+    name = f"python-source-{fingerprint.hexdigest()[:12]}"
+    for ready in prepared_dirs():
+        if (ready / name / "meta.json").exists():
+            return ready / name
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
-    out = cache / f"python-source-{fingerprint.hexdigest()[:12]}"
+    out = cache / name
     if (out / "meta.json").exists():
         return out
     cache.mkdir(parents=True, exist_ok=True)
@@ -147,3 +163,18 @@ def unigram_cross_entropy(train: np.ndarray, held_out: np.ndarray, vocab_size: i
     counts = np.bincount(train, minlength=vocab_size).astype(np.float64) + 1.0
     logp = np.log(counts / counts.sum())
     return float(-logp[held_out].mean())
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m cohort.trainer.workloads.python_source DIR [VOCAB_SIZE]``: prepare into DIR (an image build)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Prepare the python-source token shards into a directory.")
+    parser.add_argument("dir", help="where the shards go (a directory for $COHORT_DATA_PREPARED)")
+    parser.add_argument("--vocab-size", type=int, default=4096)
+    args = parser.parse_args(argv)
+    print(prepare(vocab_size=args.vocab_size, cache_dir=args.dir))
+
+
+if __name__ == "__main__":
+    main()

@@ -133,6 +133,7 @@ def write_shards(out_dir: Path, splits: dict[str, np.ndarray], vocab_size: int,
         for name, src in (files or {}).items():
             shutil.copyfile(src, tmp / name)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+        tmp.chmod(0o755)  # mkdtemp's 0700 would hide the shards from other users (an image's, prepared as root)
         os.replace(tmp, out_dir) if not out_dir.exists() else shutil.rmtree(tmp)  # first writer wins
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
