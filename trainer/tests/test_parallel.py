@@ -1,8 +1,9 @@
 """Every parallelism strategy trains the transformer like data parallelism does (marker dist).
 
-Each run is a real ``cohort run --local`` job: the transformer (dim 32, 2 layers,
-4 heads) on synthetic-lm, 30 AdamW steps, the same seed and the same *global*
-batch of 32 sequences (per-rank batch 16 where dp = 2, 32 where dp = 1), lr not
+Each run is the real Trainer as ``cohort run --local`` runs it (RUNS, on shared worker
+processes; the planner's choice, the resume and the elastic run go through ``cohort run --local``
+itself): the transformer (dim 32, 2 layers, 4 heads) on synthetic-lm, 30 AdamW steps, the same
+seed and the same *global* batch of 32 sequences (per-rank batch 16 where dp = 2, 32 where dp = 1), lr not
 rescaled. The tolerance: the final evaluation loss is within 1% (relative) of
 data parallelism's. The strategies compute the same mathematics (sharded or
 split differently), so in practice they agree to about 1e-4; 1% leaves room for
@@ -12,11 +13,17 @@ average or a dropped microbatch moves it by far more).
 
 from __future__ import annotations
 
+import copy
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
+from gloo_ranks import case_error, run_ranks, run_trainer
 from tests.support.local import cohort, run_local, write_manifest
+
+from cohort.api.jobconfig import from_manifest
+from cohort.trainer.runtime.ports import free_ports
 
 pytestmark = [pytest.mark.dist]
 
@@ -44,15 +51,6 @@ def logs(run: Path) -> list[dict]:
             for line in p.read_text().splitlines() if line.startswith("{")]
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict:
-    """Data parallelism (DDP) on 2 ranks: the loss every strategy must reach."""
-    tmp = tmp_path_factory.mktemp("data")
-    s = run_local(tmp, lm_manifest("ref", "data", dp=2), workers=2)
-    assert s["step"] == STEPS and s["eval_loss"] < 2.5, s  # it learned (ln 64 = 4.16 at the start)
-    return s
-
-
 CASES = {
     "fsdp": (2, dict(strategy="fsdp", dp=2), "dp=2 tp=1 pp=1 fsdp"),
     "tensor": (2, dict(strategy="tensor", dp=1, tensor=2), "dp=1 tp=2 pp=1"),
@@ -60,14 +58,6 @@ CASES = {
     "hybrid": (4, dict(strategy="hybrid", dp=1, tensor=2, pipeline=2, schedule="gpipe"),
                "dp=1 tp=2 pp=2 mb=4 gpipe"),
 }
-
-
-@pytest.mark.parametrize("name", list(CASES))
-def test_strategy_reaches_the_data_parallel_loss(tmp_path, reference, name):
-    workers, kwargs, plan = CASES[name]
-    s = run_local(tmp_path, lm_manifest(name, **kwargs), workers=workers)
-    assert s["step"] == STEPS and s["plan"] == plan, s
-    assert s["eval_loss"] == pytest.approx(reference["eval_loss"], rel=TOLERANCE), (s, reference)
 
 
 def clipped(m: dict) -> dict:
@@ -78,18 +68,65 @@ def clipped(m: dict) -> dict:
     return m
 
 
+# Every strategy's run and its data-parallel reference, plain and clipped, as (name, workers, manifest). They
+# run one after another on the same 4 worker processes (gloo_ranks.run_ranks; a 2-worker case leaves ranks 2
+# and 3 idle), each the real Trainer in its own process group on a new port, as `cohort run --local` runs it
+# less the launcher (its elastic path is the last two tests' below): a worker process spends about 4 s of CPU
+# importing torch and the trainer, which 10 runs of new processes paid 26 times over on 2 cores.
+RUNS = [(f"{prefix}{name}", workers, change(lm_manifest(name, **kwargs)))
+        for prefix, change in (("", lambda m: m), ("clipped-", clipped))
+        for name, (workers, kwargs, _plan) in {"data": (2, dict(strategy="data", dp=2), ""), **CASES}.items()]
+
+
+def _train_runs(rank: int, world: int, runs: list[tuple[str, int, dict]], ports: list[int], root: str) -> dict:
+    out: dict = {}
+    for (name, workers, m), port in zip(runs, ports, strict=True):
+        if rank >= workers:
+            continue
+        m = copy.deepcopy(m)
+        m["spec"]["checkpoint"]["path"] = f"{root}/{name}"
+        env = {"COHORT_METRICS_PORT": "0", "COHORT_POD_NAME": f"{name}-{rank}",
+               "COHORT_TERMINATION_LOG": f"{root}/{name}-{rank}.summary"}
+        try:
+            out[name] = run_trainer(rank, workers, port, from_manifest(m), env)[1]
+        except Exception as e:
+            out[name] = case_error(e)
+    return out
+
+
 @pytest.fixture(scope="module")
-def clipped_reference(tmp_path_factory) -> dict:
-    s = run_local(tmp_path_factory.mktemp("clip"), clipped(lm_manifest("ref", "data", dp=2)), workers=2)
-    assert s["step"] == STEPS and s["eval_loss"] < 3.5, s  # it learned (ln 64 = 4.16 at the start)
+def runs() -> dict[str, dict]:
+    """Rank 0's summary of every run in RUNS (what `cohort run --local` reports)."""
+    with tempfile.TemporaryDirectory(prefix="cohort-parallel-") as root:
+        return run_ranks(_train_runs, 4, RUNS, free_ports(len(RUNS)), root, timeout_s=600, group=False)[0]
+
+
+@pytest.fixture(scope="module")
+def reference(runs) -> dict:
+    """Data parallelism (DDP) on 2 ranks: the loss every strategy must reach."""
+    s = runs["data"]
+    assert s.get("step") == STEPS and s["eval_loss"] < 2.5, s  # it learned (ln 64 = 4.16 at the start)
     return s
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_clipping_by_the_global_norm_matches_data_parallel(tmp_path, clipped_reference, name):
-    workers, kwargs, plan = CASES[name]
-    s = run_local(tmp_path, clipped(lm_manifest(name, **kwargs)), workers=workers)
-    assert s["step"] == STEPS and s["plan"] == plan, s
+def test_strategy_reaches_the_data_parallel_loss(runs, reference, name):
+    s = runs[name]
+    assert s.get("step") == STEPS and s["plan"] == CASES[name][2], s
+    assert s["eval_loss"] == pytest.approx(reference["eval_loss"], rel=TOLERANCE), (s, reference)
+
+
+@pytest.fixture(scope="module")
+def clipped_reference(runs) -> dict:
+    s = runs["clipped-data"]
+    assert s.get("step") == STEPS and s["eval_loss"] < 3.5, s  # it learned (ln 64 = 4.16 at the start)
+    return s
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_clipping_by_the_global_norm_matches_data_parallel(runs, clipped_reference, name):
+    s = runs[f"clipped-{name}"]
+    assert s.get("step") == STEPS and s["plan"] == CASES[name][2], s
     assert s["eval_loss"] == pytest.approx(clipped_reference["eval_loss"], rel=TOLERANCE), (s, clipped_reference)
 
 
