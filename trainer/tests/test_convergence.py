@@ -10,7 +10,6 @@ pair 94%.
 from __future__ import annotations
 
 import copy
-import io
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,6 @@ from gloo_ranks import case_error, run_ranks, run_trainer
 
 from cohort.api.jobconfig import from_manifest
 from cohort.api.models import SUPPORTED_COMPRESSION
-from cohort.trainer.launcher import run_local
 from cohort.trainer.runtime.ports import free_ports
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
@@ -64,11 +62,12 @@ def manifest(sync: str, method: str) -> dict[str, Any]:
     return m
 
 
-# Every digits case runs on the same 4 worker processes, one after the other: each case is the real Trainer
-# in its own process group (a new port), as `cohort run --local` runs it, less the launcher (its own tests
-# cover it). A worker process spends about 4 s of CPU importing torch and the trainer (DDP imports
-# torch._dynamo): with 4 new processes per case on 2 cores, that was about 8 s of each 11-12 s case. The 27
-# cases took 339 s in the cold make test of 2026-12-04 and take 120 s this way (2026-12-05).
+# Every digits case (and the GPT loss bar's two arms, below) runs on the same 4 worker processes, one after
+# the other: each case is the real Trainer in its own process group (a new port), as `cohort run --local`
+# runs it, less the launcher (its own tests cover it). A worker process spends about 4 s of CPU importing
+# torch and the trainer (DDP imports torch._dynamo): with 4 new processes per case on 2 cores, that was about
+# 8 s of each 11-12 s case. The 27 digits cases took 339 s in the cold make test of 2026-12-04 and 103.5 s
+# this way; with the GPT arms (81.6 s through the launcher then) the 29 take 170 s (2026-12-05).
 DIGITS_CASES = [(f"{s}-{m}", manifest(s, m)) for s, m in PAIRS]
 for _collective in ("cyclic", "global"):
     _m = manifest("allreduce", "topk")
@@ -92,16 +91,17 @@ def _train_cases(rank: int, world: int, cases: list[tuple[str, dict[str, Any]]],
 
 
 @pytest.fixture(scope="module")
-def digits_results() -> dict[str, dict[str, Any]]:
+def results() -> dict[str, dict[str, Any]]:
+    """Rank 0's summary (the one `cohort run --local` reports) of every digits case and both GPT arms."""
+    cases = DIGITS_CASES + [(f"gpt-{arm}", gpt_manifest(sync)) for arm, (sync, _) in GPT_ARMS.items()]
     with tempfile.TemporaryDirectory(prefix="cohort-convergence-") as root:
-        ranks = run_ranks(_train_cases, 4, DIGITS_CASES, free_ports(len(DIGITS_CASES)), root,
-                          timeout_s=900, group=False)
-    return ranks[0]  # rank 0's summaries, the ones `cohort run --local` reports
+        ranks = run_ranks(_train_cases, 4, cases, free_ports(len(cases)), root, timeout_s=900, group=False)
+    return ranks[0]
 
 
 @pytest.mark.parametrize(("sync", "method"), PAIRS, ids=[f"{s}-{m}" for s, m in PAIRS])
-def test_pair_reaches_target_accuracy(sync, method, digits_results):
-    summary = digits_results[f"{sync}-{method}"]
+def test_pair_reaches_target_accuracy(sync, method, results):
+    summary = results[f"{sync}-{method}"]
     target = 0.96 if (sync, method) == ("allreduce", "none") else 0.94
     assert summary.get("accuracy") is not None, summary
     assert summary["accuracy"] >= target, summary
@@ -112,8 +112,8 @@ def test_pair_reaches_target_accuracy(sync, method, digits_results):
 # there), and global keeps only the top-k of the sum, so each needs its own run; sparse sums the same
 # entries as the allgather (test_sync_dist.py).
 @pytest.mark.parametrize("collective", ["cyclic", "global"])
-def test_topk_collective_reaches_target_accuracy(collective, digits_results):
-    summary = digits_results[f"allreduce-topk-{collective}"]
+def test_topk_collective_reaches_target_accuracy(collective, results):
+    summary = results[f"allreduce-topk-{collective}"]
     assert summary.get("accuracy") is not None, summary
     assert summary["accuracy"] >= 0.94, summary
     assert summary["step"] == 330, summary
@@ -146,10 +146,12 @@ def gpt_manifest(sync: dict[str, Any]) -> dict[str, Any]:
     return m
 
 
-@pytest.mark.parametrize(("sync", "meets_bar"), [({"algorithm": "allreduce"}, True), (NO_COMMUNICATION, False)],
-                         ids=["allreduce-meets-it", "no-communication-misses-it"])
-def test_the_gpt_loss_bar_separates_allreduce_from_no_communication(sync, meets_bar, tmp_path):
-    out = io.StringIO()
-    summary = run_local(from_manifest(gpt_manifest(sync)), workers=4, run_dir=str(tmp_path / "run"), out=out)
-    assert summary["step"] == GPT_STEPS and summary.get("eval_loss") is not None, (summary, out.getvalue()[-2000:])
+GPT_ARMS = {"allreduce-meets-it": ({"algorithm": "allreduce"}, True),
+            "no-communication-misses-it": (NO_COMMUNICATION, False)}
+
+
+@pytest.mark.parametrize("arm", list(GPT_ARMS))
+def test_the_gpt_loss_bar_separates_allreduce_from_no_communication(arm, results):
+    summary, meets_bar = results[f"gpt-{arm}"], GPT_ARMS[arm][1]
+    assert summary.get("step") == GPT_STEPS and summary.get("eval_loss") is not None, summary
     assert (summary["eval_loss"] <= GPT_LOSS_BAR) == meets_bar, summary
