@@ -4,7 +4,8 @@
     python3 hack/gpu_proof.py [--smoke] [--deadline S] [--phases a,b] OUTDIR   # what that runs
 
 Phases, most valuable first, each in a process of its own under a time budget of its own (cut to
-what is left of the whole run's deadline); one that fails or runs out of time is recorded with its
+what is left of the whole run's deadline; a --deadline above the default raises every phase's cap by
+the same factor, for slower machines); one that fails or runs out of time is recorded with its
 error and the next one still runs:
 
 - environment: the GPU, driver, memory, torch, CUDA, NCCL, cores, the packages the trainer imports,
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("outdir")
     p.add_argument("--smoke", action="store_true", help="tiny model on the CPU over gloo (no GPU needed)")
     p.add_argument("--deadline", type=float, default=None,
-                   help="seconds for the whole run (default 460, smoke 240)")
+                   help="seconds for the whole run (default 460, smoke 240); more raises each phase's cap alike")
     p.add_argument("--phases", default="", help="comma-separated subset of: " + ",".join(n for n, _, _ in PHASES))
     p.add_argument("--workdir", help="runs, logs and checkpoints (default: a new directory under /tmp)")
     p.add_argument("--phase", help=argparse.SUPPRESS)      # internal: run one phase in this process
@@ -98,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)  # the result is on disk: no interpreter finalisation (CUDA, NCCL and compile workers' teardown)
-    return drive(out, work, args.smoke, args.deadline or (240.0 if args.smoke else 460.0),
-                 [s for s in args.phases.split(",") if s])
+    default = 240.0 if args.smoke else 460.0
+    return drive(out, work, args.smoke, args.deadline or default, [s for s in args.phases.split(",") if s],
+                 cap_scale=max(1.0, (args.deadline or default) / default))
 
 
 class Log:
@@ -114,7 +116,7 @@ class Log:
         self.f.flush()
 
 
-def drive(out: Path, work: Path, smoke: bool, deadline_s: float, only: list[str]) -> int:
+def drive(out: Path, work: Path, smoke: bool, deadline_s: float, only: list[str], cap_scale: float = 1.0) -> int:
     t0 = time.monotonic()
     results = open(out / "results.jsonl", "w")  # noqa: SIM115 - written as the phases end
     say = Log(out / "proof.log")
@@ -125,7 +127,7 @@ def drive(out: Path, work: Path, smoke: bool, deadline_s: float, only: list[str]
         if only and name not in only:
             continue
         left = deadline_s - (time.monotonic() - t0) - 5
-        budget = min(cap_smoke if smoke else cap_full, left)
+        budget = min((cap_smoke if smoke else cap_full) * cap_scale, left)
         if budget < 15:
             rec: dict[str, Any] = {"phase": name, "ok": False, "skipped": True,
                                    "error": f"no time left ({left:.0f}s of the {deadline_s:.0f}s deadline)"}
