@@ -6,12 +6,13 @@ ranks' return values (saved with torch.save) in rank order. ``fn`` must be a
 module-level function of an importable module (spawn pickles it by name).
 With ``group=False`` no group is formed: ``fn`` forms (and ends) its own.
 Processes that outlive ``timeout_s`` are killed, and the test fails.
-``run_trainer`` runs one job's real Trainer on a rank of such a process (tests that run many jobs
-on one set of ranks), ``case_error`` records a job that failed there.
+``run_trainer`` runs one job's real Trainer on a rank of such a process, ``case_error`` records a job
+that failed there; ``run_jobs`` runs many jobs one after another on one set of ranks with them.
 """
 
 from __future__ import annotations
 
+import copy
 import datetime
 import os
 import tempfile
@@ -28,7 +29,7 @@ from tests.support.specs import WORKLOAD
 
 from cohort.api.jobconfig import from_manifest
 from cohort.api.models import OWN_MOMENTUM
-from cohort.trainer.runtime.ports import free_port
+from cohort.trainer.runtime.ports import free_port, free_ports
 from cohort.trainer.runtime.process_group import exit_process
 
 
@@ -106,3 +107,30 @@ def case_error(e: Exception) -> dict[str, Any]:
 
     Rendezvous.leave()
     return {"error": f"{type(e).__name__}: {str(e)[:600]}\n{''.join(traceback.format_tb(e.__traceback__))[-3000:]}"}
+
+
+def _train_jobs(rank: int, world: int, jobs: list[tuple[str, int, dict[str, Any]]], ports: list[int],
+                root: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for (name, workers, m), port in zip(jobs, ports, strict=True):
+        if rank >= workers:
+            continue  # a smaller job leaves the higher ranks idle
+        m = copy.deepcopy(m)
+        m["spec"]["checkpoint"]["path"] = f"{root}/{name}"
+        env = {"COHORT_METRICS_PORT": "0", "COHORT_POD_NAME": f"{name}-{rank}",
+               "COHORT_TERMINATION_LOG": f"{root}/{name}-{rank}.summary"}
+        try:
+            out[name] = run_trainer(rank, workers, port, from_manifest(m), env)[1]
+        except Exception as e:
+            out[name] = case_error(e)
+    return out
+
+
+def run_jobs(jobs: list[tuple[str, int, dict[str, Any]]], world: int = 4, timeout_s: float = 900) -> dict[str, Any]:
+    """Every job ``(name, workers, manifest)`` one after another on the same ``world`` rank processes, each the
+    real Trainer in its own process group (a new port) on ranks 0 to workers - 1, as ``cohort run --local``
+    runs it less the launcher; rank 0's summary of each (what ``cohort run --local`` reports), by name. A
+    worker process spends about 4 s of CPU importing torch and the trainer (DDP imports torch._dynamo), which
+    new processes per job would pay again each time."""
+    with tempfile.TemporaryDirectory(prefix="cohort-jobs-") as root:
+        return run_ranks(_train_jobs, world, jobs, free_ports(len(jobs)), root, timeout_s=timeout_s, group=False)[0]

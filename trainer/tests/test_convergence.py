@@ -10,17 +10,14 @@ pair 94%.
 from __future__ import annotations
 
 import copy
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from gloo_ranks import case_error, run_ranks, run_trainer
+from gloo_ranks import run_jobs
 
-from cohort.api.jobconfig import from_manifest
 from cohort.api.models import SUPPORTED_COMPRESSION
-from cohort.trainer.runtime.ports import free_ports
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -75,28 +72,11 @@ for _collective in ("cyclic", "global"):
     DIGITS_CASES.append((f"allreduce-topk-{_collective}", _m))
 
 
-def _train_cases(rank: int, world: int, cases: list[tuple[str, dict[str, Any]]], ports: list[int],
-                 root: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for (name, m), port in zip(cases, ports, strict=True):
-        m = copy.deepcopy(m)
-        m["spec"]["checkpoint"]["path"] = f"{root}/{name}"
-        env = {"COHORT_METRICS_PORT": "0", "COHORT_POD_NAME": f"{name}-{rank}",
-               "COHORT_TERMINATION_LOG": f"{root}/{name}-{rank}.summary"}
-        try:
-            out[name] = run_trainer(rank, world, port, from_manifest(m), env)[1]
-        except Exception as e:
-            out[name] = case_error(e)
-    return out
-
-
 @pytest.fixture(scope="module")
 def results() -> dict[str, dict[str, Any]]:
     """Rank 0's summary (the one `cohort run --local` reports) of every digits case and both GPT arms."""
     cases = DIGITS_CASES + [(f"gpt-{arm}", gpt_manifest(sync)) for arm, (sync, _) in GPT_ARMS.items()]
-    with tempfile.TemporaryDirectory(prefix="cohort-convergence-") as root:
-        ranks = run_ranks(_train_cases, 4, cases, free_ports(len(cases)), root, timeout_s=900, group=False)
-    return ranks[0]
+    return run_jobs([(name, 4, m) for name, m in cases], timeout_s=900)
 
 
 @pytest.mark.parametrize(("sync", "method"), PAIRS, ids=[f"{s}-{m}" for s, m in PAIRS])

@@ -13,17 +13,12 @@ average or a dropped microbatch moves it by far more).
 
 from __future__ import annotations
 
-import copy
 import json
-import tempfile
 from pathlib import Path
 
 import pytest
-from gloo_ranks import case_error, run_ranks, run_trainer
+from gloo_ranks import run_jobs
 from tests.support.local import cohort, run_local, write_manifest
-
-from cohort.api.jobconfig import from_manifest
-from cohort.trainer.runtime.ports import free_ports
 
 pytestmark = [pytest.mark.dist]
 
@@ -69,36 +64,18 @@ def clipped(m: dict) -> dict:
 
 
 # Every strategy's run and its data-parallel reference, plain and clipped, as (name, workers, manifest). They
-# run one after another on the same 4 worker processes (gloo_ranks.run_ranks; a 2-worker case leaves ranks 2
-# and 3 idle), each the real Trainer in its own process group on a new port, as `cohort run --local` runs it
-# less the launcher (its elastic path is the last two tests' below): a worker process spends about 4 s of CPU
-# importing torch and the trainer, which 10 runs of new processes paid 26 times over on 2 cores.
+# run one after another on the same 4 worker processes (gloo_ranks.run_jobs; a 2-worker run leaves ranks 2
+# and 3 idle), less the launcher (its elastic path is the last two tests' below): 10 runs of new processes
+# paid the imports 26 times over on 2 cores.
 RUNS = [(f"{prefix}{name}", workers, change(lm_manifest(name, **kwargs)))
         for prefix, change in (("", lambda m: m), ("clipped-", clipped))
         for name, (workers, kwargs, _plan) in {"data": (2, dict(strategy="data", dp=2), ""), **CASES}.items()]
 
 
-def _train_runs(rank: int, world: int, runs: list[tuple[str, int, dict]], ports: list[int], root: str) -> dict:
-    out: dict = {}
-    for (name, workers, m), port in zip(runs, ports, strict=True):
-        if rank >= workers:
-            continue
-        m = copy.deepcopy(m)
-        m["spec"]["checkpoint"]["path"] = f"{root}/{name}"
-        env = {"COHORT_METRICS_PORT": "0", "COHORT_POD_NAME": f"{name}-{rank}",
-               "COHORT_TERMINATION_LOG": f"{root}/{name}-{rank}.summary"}
-        try:
-            out[name] = run_trainer(rank, workers, port, from_manifest(m), env)[1]
-        except Exception as e:
-            out[name] = case_error(e)
-    return out
-
-
 @pytest.fixture(scope="module")
 def runs() -> dict[str, dict]:
     """Rank 0's summary of every run in RUNS (what `cohort run --local` reports)."""
-    with tempfile.TemporaryDirectory(prefix="cohort-parallel-") as root:
-        return run_ranks(_train_runs, 4, RUNS, free_ports(len(RUNS)), root, timeout_s=600, group=False)[0]
+    return run_jobs(RUNS, timeout_s=600)
 
 
 @pytest.fixture(scope="module")
