@@ -169,6 +169,10 @@ build_one() {
   log "$img: $(ref_of "$img") built in $((SECONDS - t0))s ($(du -h "$out" | cut -f1))"
 }
 
+import_mark() {  # image -> the name of the record an import of its current build leaves in the runtime's markdir
+  echo "imported-$1-$(basename "$(archive_of "$1")" .tar.zst)"
+}
+
 user_refs() {  # markdir: the names users loaded into this runtime (hack/user-image.sh records them in full)
   cat "$1/user-images" 2>/dev/null || true
 }
@@ -180,7 +184,7 @@ import_all() {  # socket markdir: import every image this runtime does not hold 
     out=$(archive_of "$img")
     [[ -s $out ]] || die "$img is not built: hack/images.sh build"
     # The runtime keeps its images across cluster restarts: import only a new build.
-    mark="$marks/imported-$img-$(basename "$out" .tar.zst)"
+    mark="$marks/$(import_mark "$img")"
     [[ -f $mark ]] && continue
     log "importing $(ref_of "$img") into $sock"
     # An import that was killed leaves its content held by ctr's 24-hour lease
@@ -221,7 +225,8 @@ case $cmd in
     for i in "${imgs[@]}"; do build_one "$i"; done ;;
   import) import_all "$@" ;;
   archive) archive_of "$1" ;;
+  mark) import_mark "$1" ;;
   list) for i in base pause operator trainer; do a=$(archive_of "$i"); printf '%-9s %-36s %s\n' "$i" "$(ref_of "$i")" \
           "$([[ -s $a ]] && du -h "$a" | cut -f1 || echo 'not built')"; done ;;
-  *) echo "usage: $0 build [image...] | import SOCKET MARKDIR | archive NAME | list" >&2; exit 2 ;;
+  *) echo "usage: $0 build [image...] | import SOCKET MARKDIR | archive NAME | mark NAME | list" >&2; exit 2 ;;
 esac

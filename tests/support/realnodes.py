@@ -9,7 +9,6 @@ kubelet's enforcement of their securityContext and limits.
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,15 +46,14 @@ def real_nodes(cluster: Cluster) -> list[str]:
 
 
 def not_imported(nodes: list[str]) -> list[str]:
-    """This tree's image builds (hack/images.sh archive) that a node's containerd has no import record of
-    (hack/images.sh import writes one per image and archive into the node's containerd root)."""
+    """This tree's image builds that a node's containerd has no import record of (``hack/images.sh mark``
+    names the record an import of the current build writes into the node's containerd root)."""
     missing = []
     for image in ("pause", "operator", "trainer"):
-        archive = subprocess.run([str(REPO / "hack/images.sh"), "archive", image], capture_output=True, text=True,
-                                 check=True).stdout.strip()
-        build = Path(archive).name.removesuffix(".tar.zst")
-        missing += [f"{node}: {build}" for node in nodes
-                    if not (cache_dir() / "containerd" / node / f"imported-{image}-{build}").exists()]
+        mark = subprocess.run([str(REPO / "hack/images.sh"), "mark", image], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        missing += [f"{node}: {mark.removeprefix(f'imported-{image}-')}" for node in nodes
+                    if not (cache_dir() / "containerd" / node / mark).exists()]
     return missing
 
 
