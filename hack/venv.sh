@@ -35,7 +35,10 @@ marker="$VENV/.editable-root"
 editable="$REPO_ROOT (api client operator trainer)"
 if [[ "$(cat "$marker" 2>/dev/null)" != "$editable" ]]; then
   log "installing cohort-api, cohort-client, cohort-operator and cohort-trainer from $REPO_ROOT (editable)"
-  "$VENV/bin/pip" install -q --no-deps --no-build-isolation \
+  # setuptools' editable build cautions, ten lines per project, that a folder named like a package in the
+  # working directory could shadow it on import. Here each package is under its project's src/ and no
+  # folder is named cohort; those 40 lines would bury the setup's own log.
+  PYTHONWARNINGS="ignore:Editable installation" "$VENV/bin/pip" install -q --no-deps --no-build-isolation \
     -e "$REPO_ROOT/api" -e "$REPO_ROOT/client" -e "$REPO_ROOT/operator" -e "$REPO_ROOT/trainer" >&2
   echo "$editable" > "$marker"
 fi
