@@ -23,6 +23,8 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from podlogs import PodLogs
 
+from cohort.client.client import event_order
+
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_DIR = Path(os.environ.get("COHORT_CLUSTER_DIR", Path.home() / ".cache/cohort/cluster"))
 GROUP, VERSION, PLURAL = "cohort.dev", "v1alpha1", "trainingjobs"
@@ -147,7 +149,7 @@ def main() -> int:
     print("\n$ kubectl get pods -n", args.namespace, "-o wide")
     subprocess.run([str(kubectl), "get", "pods", "-n", args.namespace, "-o", "wide"], check=False)
     events = sorted(core.list_namespaced_event(args.namespace, field_selector=f"involvedObject.name={name}").items,
-                    key=lambda e: e.last_timestamp or e.event_time or e.metadata.creation_timestamp)
+                    key=event_order)
     report(args.namespace, name, job, events, logs.nodes)
     ok = job.get("status", {}).get("phase") == "Succeeded"
     print("\nThe cluster keeps running: kubectl --kubeconfig", os.environ["KUBECONFIG"], "get tj -A;"

@@ -233,3 +233,24 @@ def test_other_refusals_read_like_kubectls_error_from_server():
                                                                         '"spec.replica"'})
     assert strict[0] == 'Error from server (BadRequest): strict decoding error: unknown field "spec.replica"'
     assert api_error_message(500, b"not json")[0] == "Error from server (500): not json"
+
+
+def test_events_of_one_second_come_in_the_order_they_happened():
+    """core/v1 Events give whole seconds; the API server lists them by their random names. The order within a
+    second is eventTime's (the operator sets it to the microsecond); an Event repeated later sorts by its last."""
+    from kubernetes.client import CoreV1Event, V1ObjectMeta, V1ObjectReference
+
+    from cohort.client.client import event_order
+
+    def at(s: float) -> datetime.datetime:
+        return datetime.datetime(2026, 12, 5, 13, 0, 0, tzinfo=datetime.timezone.utc) + datetime.timedelta(seconds=s)
+
+    def event(name: str, first: float, last: float | None = None, micro: bool = True) -> CoreV1Event:
+        whole = at(int(first))
+        return CoreV1Event(metadata=V1ObjectMeta(name=name), involved_object=V1ObjectReference(), reason=name,
+                       first_timestamp=whole, last_timestamp=at(int(last)) if last is not None else whole,
+                       event_time=at(first) if micro else None)
+    listed = [event("c-worldpublished", 1.9), event("a-running", 1.1, last=4.2), event("b-podcreated", 1.5),
+              event("d-kubelet", 0.5, micro=False), event("e-succeeded", 3.0)]
+    assert [e.reason for e in sorted(listed, key=event_order)] == \
+        ["d-kubelet", "b-podcreated", "c-worldpublished", "e-succeeded", "a-running"]

@@ -69,6 +69,11 @@ def test_submit_wait_scale_progress_events_delete(cluster, namespace, operator, 
     assert progress.samples_per_second == 800.0
     wait_for(lambda: {"Running", "Succeeded"} <= {e.reason for e in c.events("sdk")}, 10, what="the job's Events")
     assert all(e.object == "TrainingJob/sdk" for e in c.events("sdk"))
+    # The API server took the operator's Events with eventTime to the microsecond (what orders one second's).
+    raw = cluster.events(namespace, "sdk")
+    assert raw and all(e.event_time and e.action == e.reason for e in raw), [(e.reason, e.event_time) for e in raw]
+    if all(e.count == 1 for e in raw):  # none repeated: the client's order is the order they were posted in
+        assert [e.reason for e in c.events("sdk")] == [e.reason for e in sorted(raw, key=lambda e: e.event_time)]
     out, err = cli(cluster, namespace, "status", "sdk").communicate(timeout=60)
     assert "Succeeded" in out and "  goodput     " in out, (out, err)
 

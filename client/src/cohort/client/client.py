@@ -14,6 +14,7 @@ reads both.
 from __future__ import annotations
 
 import builtins
+import datetime as dt
 import json
 import os
 import queue
@@ -152,10 +153,9 @@ class Client:
         for uid in uids:
             items += self._call(self.core.list_namespaced_event, self.namespace,
                                 field_selector=f"involvedObject.uid={uid}").items
-        events = [Event(time=_event_time(e), type=e.type or "", reason=e.reason or "", message=e.message or "",
-                        object=f"{e.involved_object.kind}/{e.involved_object.name}", count=e.count or 1)
-                  for e in items]
-        return sorted(events, key=lambda e: e.time)
+        return [Event(time=_event_time(e), type=e.type or "", reason=e.reason or "", message=e.message or "",
+                      object=f"{e.involved_object.kind}/{e.involved_object.name}", count=e.count or 1)
+                for e in sorted(items, key=event_order)]
 
     def watch(self, name: str, *, interval_s: float = 1.0, timeout_s: float | None = None) -> Iterator[TrainingJob]:
         """Yield the job each time it changes (by resourceVersion), until it finishes or ``timeout_s`` passes."""
@@ -278,6 +278,17 @@ def _context_namespace(path: str | None, context: str | None) -> str | None:
 def _ordinal(pod: str) -> int:
     tail = pod.rsplit("-", 1)[-1]
     return int(tail) if tail.isdigit() else -1
+
+
+def event_order(e: k8s.CoreV1Event) -> tuple[dt.datetime, dt.datetime]:
+    """Oldest first, as ``kubectl describe`` orders them: by when last seen, which core/v1 Events give in whole
+    seconds; then by ``eventTime``, to the microsecond where the poster set it (the operator does). Without the
+    second key, one second's Events would come in the order the API server lists them: by their random names."""
+    last = e.last_timestamp or e.event_time or e.first_timestamp or e.metadata.creation_timestamp or _EPOCH
+    return last, e.event_time or e.first_timestamp or last
+
+
+_EPOCH = dt.datetime.fromtimestamp(0, dt.timezone.utc)
 
 
 def _event_time(e: Any) -> str:

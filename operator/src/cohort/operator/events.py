@@ -2,7 +2,8 @@
 
 Every action the operator takes is announced here. An Event repeated within
 :data:`AGGREGATE_S` bumps the count of the first one instead of adding a new
-object, as the kubelet's recorder does. Posting is best effort: a failure is
+object, as the kubelet's recorder does. Each carries ``eventTime`` to the
+microsecond, so readers can order the Events of one second (``cohort events``). Posting is best effort: a failure is
 logged and counted, never allowed to fail a reconcile.
 """
 
@@ -71,7 +72,8 @@ class EventRecorder:
         meta = obj["metadata"]
         ns, uid = meta["namespace"], meta.get("uid", "")
         message = message[:MAX_MESSAGE]
-        now = fmt_time(dt.datetime.now(dt.timezone.utc))
+        at = dt.datetime.now(dt.timezone.utc)
+        now = fmt_time(at)
         key = (uid, type_, reason, message)
         seen = self._seen.get(key)
         try:
@@ -90,6 +92,9 @@ class EventRecorder:
                 "source": {"component": MANAGER},
                 "reportingComponent": MANAGER, "reportingInstance": self.identity[:128],
                 "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+                # To the microsecond (firstTimestamp has whole seconds): what orders one second's Events, which
+                # the API server lists by their random names. A core/v1 Event with eventTime needs an action.
+                "eventTime": at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), "action": reason,
             }
             created = await self.kube.create(EVENT.path(ns), body)
             self._seen[key] = (created["metadata"]["name"], 1, time.monotonic())
