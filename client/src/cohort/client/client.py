@@ -284,15 +284,19 @@ def event_order(e: k8s.CoreV1Event) -> tuple[dt.datetime, dt.datetime]:
     """Oldest first, as ``kubectl describe`` orders them: by when last seen, which core/v1 Events give in whole
     seconds; then by ``eventTime``, to the microsecond where the poster set it (the operator does). Without the
     second key, one second's Events would come in the order the API server lists them: by their random names."""
-    last = e.last_timestamp or e.event_time or e.first_timestamp or e.metadata.creation_timestamp or _EPOCH
+    last = _last_seen(e) or _EPOCH
     return last, e.event_time or e.first_timestamp or last
 
 
 _EPOCH = dt.datetime.fromtimestamp(0, dt.timezone.utc)
 
 
+def _last_seen(e: Any) -> dt.datetime | None:
+    return e.last_timestamp or e.event_time or e.first_timestamp or e.metadata.creation_timestamp
+
+
 def _event_time(e: Any) -> str:
-    t = e.last_timestamp or e.event_time or e.first_timestamp or e.metadata.creation_timestamp
+    t = _last_seen(e)
     return t.isoformat() if t else ""
 
 

@@ -3,8 +3,9 @@
 Every action the operator takes is announced here. An Event repeated within
 :data:`AGGREGATE_S` bumps the count of the first one instead of adding a new
 object, as the kubelet's recorder does. Each carries ``eventTime`` to the
-microsecond, so readers can order the Events of one second (``cohort events``). Posting is best effort: a failure is
-logged and counted, never allowed to fail a reconcile.
+microsecond, so readers can order the Events of one second (``cohort events``).
+Posting is best effort: a failure is logged and counted, never allowed to fail
+a reconcile.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .kubeapi import ApiError, Kube
-from .lifecycle import fmt_time
+from .lifecycle import fmt_micro_time, fmt_time
 from .manifests import EVENT
 from .metrics import OperatorMetrics
 from .naming import MANAGER
@@ -94,7 +95,7 @@ class EventRecorder:
                 "firstTimestamp": now, "lastTimestamp": now, "count": 1,
                 # To the microsecond (firstTimestamp has whole seconds): what orders one second's Events, which
                 # the API server lists by their random names. A core/v1 Event with eventTime needs an action.
-                "eventTime": at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), "action": reason,
+                "eventTime": fmt_micro_time(at), "action": reason,
             }
             created = await self.kube.create(EVENT.path(ns), body)
             self._seen[key] = (created["metadata"]["name"], 1, time.monotonic())

@@ -21,40 +21,28 @@ import time
 from typing import Any
 
 from .kubeapi import ApiError, Kube
+from .lifecycle import fmt_micro_time, parse_time
 from .manifests import LEASE
 
 log = logging.getLogger(__name__)
-
-
-def _micro(t: dt.datetime) -> str:
-    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse_micro(s: str | None) -> dt.datetime | None:
-    if not s:
-        return None
-    try:
-        return dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def claim(lease: dict[str, Any] | None, identity: str, duration_s: float, now: dt.datetime) -> dict[str, Any] | None:
     """The Lease spec to write to hold the lease, or None if someone else validly holds it."""
     spec = dict((lease or {}).get("spec") or {})
     holder = spec.get("holderIdentity") or ""
-    renewed = _parse_micro(spec.get("renewTime")) or _parse_micro(spec.get("acquireTime"))
+    renewed = parse_time(spec.get("renewTime")) or parse_time(spec.get("acquireTime"))
     held_by_other = holder and holder != identity
     expired = renewed is None or (now - renewed).total_seconds() > float(spec.get("leaseDurationSeconds") or duration_s)
     if held_by_other and not expired:
         return None
     out = dict(spec)
     if holder != identity:
-        out["acquireTime"] = _micro(now)
+        out["acquireTime"] = fmt_micro_time(now)
         out["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + (1 if holder else 0)
     out["holderIdentity"] = identity
     out["leaseDurationSeconds"] = max(int(duration_s), 1)
-    out["renewTime"] = _micro(now)
+    out["renewTime"] = fmt_micro_time(now)
     return out
 
 
@@ -121,7 +109,7 @@ class LeaderElector:
             if current is None or spec.get("holderIdentity") != self.identity:
                 return
             released = {**spec, "holderIdentity": "", "leaseDurationSeconds": 1,
-                        "renewTime": _micro(dt.datetime.now(dt.timezone.utc))}
+                        "renewTime": fmt_micro_time(dt.datetime.now(dt.timezone.utc))}
             await self.kube.replace(self.path, {**current, "spec": released})
             log.info("released the Lease %s/%s", self.namespace, self.name)
         except (ApiError, OSError, asyncio.TimeoutError) as e:

@@ -33,6 +33,11 @@ def fmt_time(t: dt.datetime) -> str:
     return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def fmt_micro_time(t: dt.datetime) -> str:
+    """RFC 3339 in UTC to the microsecond, as Kubernetes writes a MicroTime (a Lease's times, an Event's eventTime)."""
+    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def fmt_time_ceil(t: dt.datetime) -> str:
     """Like :func:`fmt_time`, rounded up: a deadline written this way is never early."""
     whole = t.replace(microsecond=0)

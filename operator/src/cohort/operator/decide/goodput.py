@@ -43,7 +43,7 @@ from typing import Any
 
 from cohort.api.models import Goodput, GoodputSeconds, LedgerReading
 
-from ..lifecycle import ACTIVE_PHASES, FINAL_PHASES, parse_time
+from ..lifecycle import ACTIVE_PHASES, FINAL_PHASES, fmt_micro_time, parse_time
 from .decision import Decision, Inputs
 
 MIN_INTERVAL_S = 5.0
@@ -89,7 +89,7 @@ def account(observed: Inputs, decision: Decision) -> None:
         _add(g, _without_trainer(before, after, g.high_water_step, first), (now - cursor).total_seconds())
         cursor = now
     if cursor != parse_time(g.accounted_until):
-        g.accounted_until = _fmt(cursor)
+        g.accounted_until = fmt_micro_time(cursor)
         if created is not None:
             g.wall_seconds = round((cursor - created).total_seconds(), 3)
         g.percent = round(100.0 * g.seconds.training / g.wall_seconds, 1) if g.wall_seconds > 0 else None
@@ -236,7 +236,3 @@ def _add(g: Goodput, name: str, seconds: float) -> None:
 
 def _utc(t: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(t, dt.timezone.utc)
-
-
-def _fmt(t: dt.datetime) -> str:
-    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
