@@ -1,6 +1,8 @@
 """Communication: what each sync x compression pair sends, and what it costs in time (a benchmark).
 
     python bench/comm.py [--nets loopback,1gbit,100mbit] [--pairs allreduce:topk,gossip:none,...]
+    (a pair's sync may name local SGD's outer optimizer: --pairs localsgd/nesterov:none; --period N sets
+    every gossip and local-SGD pair's sync.period)
                          [--worlds 2,4,8] [--skip-bytes] [--skip-train] [--skip-straggler] [--repeats N]
 
 1. Bytes (the same Cohort code on a gloo group, P ranks, the digits MLP of
@@ -74,12 +76,25 @@ RATES = {"1gbit": "1gbit", "100mbit": "100mbit"}
 WORKERS = 4
 
 
+PERIOD: int | None = None  # --period: every gossip and local-SGD pair's sync.period, in place of TUNED's
+
+
+def sync_section(sync: str, method: str) -> dict[str, Any]:
+    """``spec.sync`` of a pair, with its TUNED settings. ``localsgd/nesterov`` (or ``/sgd``) is local SGD with
+    that outer optimizer (``sync.outerOptimizer``, its defaults otherwise)."""
+    algorithm, _, outer = sync.partition("/")
+    section = {"algorithm": algorithm, **TUNED.get((algorithm, method), {}).get("sync", {})}
+    if PERIOD and algorithm != "allreduce":
+        section["period"] = PERIOD
+    return {**section, "outerOptimizer": {"name": outer}} if outer else section
+
+
 def manifest(sync: str, method: str, hidden: int | None = None, **workload: Any) -> dict[str, Any]:
     """examples/digits.yaml with this pair (and its TUNED settings); ``hidden`` widens the MLP."""
     m = yaml.safe_load((REPO / "examples/digits.yaml").read_text())
     tuned = TUNED.get((sync, method), {})
-    m["metadata"] = {"name": f"bench-{sync}-{method}"}
-    m["spec"]["sync"] = {"algorithm": sync, **tuned.get("sync", {})}
+    m["metadata"] = {"name": f"bench-{sync.replace('/', '-')}-{method}"}
+    m["spec"]["sync"] = sync_section(sync, method)
     m["spec"]["compression"] = {"method": method, **tuned.get("compression", {})}
     m["spec"]["workload"]["optimizer"] = {**m["spec"]["workload"]["optimizer"], **tuned.get("optimizer", {})}
     m["spec"]["checkpoint"] = {"everySteps": 0}
@@ -109,8 +124,8 @@ def gpt_manifest(sync: str, method: str) -> dict[str, Any]:
     """examples/gpt-text.yaml with this pair's sync and compression settings (TUNED), evaluated often."""
     m = yaml.safe_load((REPO / "examples/gpt-text.yaml").read_text())
     tuned = TUNED.get((sync, method), {})
-    m["metadata"] = {"name": f"bench-gpt-{sync}-{method}"}
-    m["spec"]["sync"] = {"algorithm": sync, **tuned.get("sync", {})}
+    m["metadata"] = {"name": f"bench-gpt-{sync.replace('/', '-')}-{method}"}
+    m["spec"]["sync"] = sync_section(sync, method)
     m["spec"]["compression"] = {"method": method, **tuned.get("compression", {})}
     m["spec"]["checkpoint"] = {"everySteps": 0}
     m["spec"]["workload"]["evalEverySteps"] = GPT_EVAL_EVERY
@@ -153,8 +168,8 @@ def _bytes_worker(rank: int, world: int, port: int, pairs: list[tuple[str, str]]
     for sync_name, method in pairs:
         spec = from_manifest(manifest(sync_name, method)).spec
         ctx = SyncContext(rank, world, spec, CommStats())
-        sync = LocalSGDSync(ctx, LocalSGDConfig(warmup_steps=2)) if sync_name == "localsgd" else \
-            SYNCS[sync_name](ctx)
+        sync = LocalSGDSync(ctx, LocalSGDConfig(warmup_steps=2)) if spec.sync.algorithm == "localsgd" else \
+            SYNCS[spec.sync.algorithm](ctx)
         torch.manual_seed(0)
         model = MLP(DataInfo((1, 8, 8), num_classes=10))
         module = sync.wrap(model)
@@ -470,6 +485,7 @@ def train_tables(pairs: list[tuple[str, str]], nets: list[str], hidden: int | No
             continue
         print(f"{repeats} run(s) per pair, in rounds of every pair; the median and [min-max] over the runs. "
               f"Ratios are taken within a round (against that round's dense allreduce), then summarised. "
+              + (f"sync.period {PERIOD} for gossip and local SGD (--period). " if PERIOD else "") +
               f"Host at the start: {hosts[name][0]}; at the end: {hosts[name][1]}.\n")
         base = results[name].get(("allreduce", "none"), [])
         kernel = name != "loopback"
@@ -550,7 +566,11 @@ def main() -> int:
                     help="runs per pair in the training and straggler tables (rounds; the median and range)")
     ap.add_argument("--gpt", default="", help="networks for the GPT pass (examples/gpt-text.yaml), e.g. "
                                              "'100mbit'; '' skips it")
+    ap.add_argument("--period", type=int, default=0,
+                    help="sync.period of every gossip and local-SGD pair (default: TUNED's, docs/algorithms.md)")
     args = ap.parse_args()
+    global PERIOD
+    PERIOD = args.period or None
     # A stopped run (SIGTERM, as timeout(1) sends) unwinds like Ctrl-C: the finally blocks tear the
     # network namespaces and the workers down (SIGTERM's default would skip them and leave both behind).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

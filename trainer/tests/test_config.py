@@ -40,6 +40,10 @@ def test_defaults_come_from_the_api_models():
     ({"workload": {"epochs": 0, "maxSteps": 0}}, "spec.workload.epochs"),
     ({"stragglers": {"threshold": 1}}, "spec.stragglers.threshold"),
     ({"workload": {"optimizer": {"lr": "fast"}}}, "spec.workload.optimizer.lr"),
+    ({"sync": {"outerOptimizer": {"name": "nesterov"}}}, "spec.sync.outerOptimizer.name"),  # needs localsgd
+    ({"sync": {"algorithm": "localsgd", "outerOptimizer": {"name": "adam"}}}, "spec.sync.outerOptimizer.name"),
+    ({"sync": {"algorithm": "localsgd", "outerOptimizer": {"lr": 0}}}, "spec.sync.outerOptimizer.lr"),
+    ({"sync": {"algorithm": "localsgd", "outerOptimizer": {"momentum": 1}}}, "spec.sync.outerOptimizer.momentum"),
 ])
 def test_invalid_specs_name_the_field(spec, field):
     with pytest.raises(ValidationError) as e:

@@ -573,6 +573,63 @@ def test_localsgd_averages_every_period_after_warmup():
         assert results[0][method]["bytes"] == grads + averages, method
 
 
+OUTER = {"name": "nesterov", "lr": 0.7, "momentum": 0.9}
+
+
+def _outer(rank: int, world: int) -> dict:
+    """Local SGD with an outer step: every rank's parameters before and after each round (warm-up 2, period 2)."""
+    out = {}
+    for name, method in (("nesterov", "none"), ("sgd", "none"), ("nesterov", "bf16")):
+        spec = job_spec(sync="localsgd", method=method, period=2, outer={**OUTER, "name": name})
+        ctx = SyncContext(rank, world, spec, CommStats())
+        torch.manual_seed(0)
+        model = MLP(INFO)
+        sync = LocalSGDSync(ctx, LocalSGDConfig(warmup_steps=2))
+        ddp = sync.wrap(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        before, after = [], []
+        for step in range(8):
+            opt.zero_grad()
+            x, y = batch(rank, step)
+            F.cross_entropy(ddp(x), y).backward()
+            opt.step()
+            before.append(gather(parameters_to_vector(model.parameters()).detach(), world))
+            sync.after_step(ddp, step + 1)
+            after.append(gather(parameters_to_vector(model.parameters()).detach(), world))
+        out[(name, method)] = {"before": before, "after": after}
+    return out
+
+
+def test_localsgd_outer_step_is_sgd_on_the_rounds_pseudo_gradient():
+    """DiLoCo's and SlowMo's outer step (sync.outerOptimizer), 2 ranks, rounds after steps 2, 4, 6, 8. A
+    world's first round is the plain average; each later round sets every replica to an independent replay
+    of SGD (Nesterov or heavy ball, lr 0.7, momentum 0.9) on the previous round's parameters, with the
+    previous round's parameters minus this round's average as its gradient (to 1e-6; with bf16 averaging,
+    within 5% of the outer step's length). The control, the plain average, differs from it."""
+    r = run_ranks(_outer, 2)[0]
+    lr, mu = OUTER["lr"], OUTER["momentum"]
+    for (name, method), got in r.items():
+        rounds = [1, 3, 5, 7]  # indices of the steps after which the replicas average
+        for i in rounds:
+            assert torch.equal(got["after"][i][0], got["after"][i][1]), (name, method, i)
+        first = got["after"][1][0]
+        assert torch.equal(first, got["before"][1].mean(0)) or method != "none", name  # a plain fp32 average
+        previous, buf = first, None
+        for i in rounds[1:]:
+            average = got["before"][i].mean(0)
+            g = previous - average
+            buf = g.clone() if buf is None else buf.mul(mu).add(g)
+            update = g.add(buf, alpha=mu) if name == "nesterov" else buf
+            expected = previous.add(update, alpha=-lr)
+            if method == "none":
+                torch.testing.assert_close(got["after"][i][0], expected, atol=1e-6, rtol=0)
+            else:  # bf16 rounds each averaged change: near the replay, far from the plain average
+                off, step = (got["after"][i][0] - expected).norm(), (expected - average).norm()
+                assert off < 0.05 * step, (name, i, float(off), float(step))
+            assert not torch.allclose(got["after"][i][0], average, atol=1e-4, rtol=0), (name, i)
+            previous = got["after"][i][0]
+
+
 # --- gossip ------------------------------------------------------------------------------
 
 def _disagreement(model: torch.nn.Module, world: int) -> tuple[float, torch.Tensor]:

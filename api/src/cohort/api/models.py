@@ -75,6 +75,7 @@ CompressionMethod = Literal[
     "dgc", "threshold", "natural", "onebit", "signum"]
 CompressionCollective = Literal["allgather", "sparse", "cyclic", "global"]
 OptimizerName = Literal["sgd", "adamw"]
+OuterOptimizerName = Literal["none", "sgd", "nesterov"]
 StragglerPolicy = Literal["replace", "ignore"]
 SuccessPolicy = Literal["rank0", "all"]
 PipelineSchedule = Literal["gpipe", "1f1b"]
@@ -254,12 +255,30 @@ class Parallelism:
 
 
 @dataclass
+class OuterOptimizer:
+    """Local SGD's outer step: what the replicas do with their average at each round."""
+
+    name: OuterOptimizerName = field(
+        "none", doc="none: every replica takes the average (local SGD). sgd or nesterov: the average's distance "
+                    "from the previous round's parameters is an outer gradient, and an SGD step with momentum "
+                    "(heavy ball, as SlowMo; or Nesterov, as DiLoCo) on the previous round's parameters gives the "
+                    "new ones. Needs spec.sync.algorithm localsgd.")
+    lr: float = field(0.7, minimum=0, exclusive_minimum=True,
+                      doc="Outer learning rate (sgd, nesterov); 1 with momentum 0 is the plain average.")
+    momentum: float = field(0.9, minimum=0, maximum=0.999,
+                            doc="Outer momentum (sgd, nesterov). It lives with the world: it starts again at "
+                                "every world change and after a restart from a checkpoint.")
+
+
+@dataclass
 class Sync:
     """How replicas agree on parameters."""
 
     algorithm: SyncAlgorithm = field("allreduce", doc="allreduce (DDP), gossip (decentralised) or localsgd (periodic averaging).")
     topology: Topology = field("ring", doc="Gossip topology: ring, exponential (peers at 2^k) or random (seeded pairs).")
     period: int = field(1, minimum=1, doc="Steps between gossip or local-SGD averaging rounds.")
+    outer_optimizer: OuterOptimizer = field(OuterOptimizer, doc="localsgd: the outer step applied to each average "
+                                                                "(none: the plain average; nesterov: DiLoCo).")
 
 
 @dataclass
@@ -577,6 +596,11 @@ class TrainingJobSpec:
              check=lambda s: "://" in s.checkpoint.path or not any(
                  m.get("mountPath") == s.checkpoint.path for c in s.pod_template.spec.containers for m in c.volume_mounts),
              field_path=".podTemplate.spec.containers"),
+        Rule(cel="self.sync.outerOptimizer.name == 'none' || self.sync.algorithm == 'localsgd'",
+             message="spec.sync.outerOptimizer.name sgd or nesterov needs spec.sync.algorithm localsgd (the outer "
+                     "step acts on local SGD's averages)",
+             check=lambda s: s.sync.outer_optimizer.name == "none" or s.sync.algorithm == "localsgd",
+             field_path=".sync.outerOptimizer.name"),
         Rule(cel="self.sync.algorithm == 'allreduce' || self.parallelism.strategy == 'data'",
              message="spec.sync.algorithm gossip/localsgd needs spec.parallelism.strategy data",
              check=lambda s: s.sync.algorithm == "allreduce" or s.parallelism.strategy == "data",

@@ -33,5 +33,7 @@ class DataParallel(Plan):
         return self.sync.eval_model(self.module)
 
     def describe(self) -> str:
-        c = self.ctx.spec.compression.method
-        return f"data dp={self.dp_size} sync={self.ctx.spec.sync.algorithm}" + (f" compression={c}" if c != "none" else "")
+        c, sync = self.ctx.spec.compression.method, self.ctx.spec.sync
+        outer = sync.outer_optimizer.name if sync.algorithm == "localsgd" else "none"
+        return (f"data dp={self.dp_size} sync={sync.algorithm}" + (f" outer={outer}" if outer != "none" else "")
+                + (f" compression={c}" if c != "none" else ""))

@@ -9,6 +9,15 @@ every ``sync.period`` steps the replicas average their parameters (torch's
 machine, is explicit here: a Cohort pod is its own machine, so the subgroup is
 the rank alone (torch's default subgroup needs CUDA and fails on CPU).
 
+``sync.outerOptimizer`` turns the average into an outer step (DiLoCo: Douillard et al. 2023,
+"DiLoCo: Distributed Low-Communication Training of Language Models"; SlowMo: Wang et al. 2020,
+"SlowMo: Improving Communication-Efficient Distributed SGD with Slow Momentum"): the previous
+round's parameters minus the new average is an outer gradient, and torch's SGD (with Nesterov
+momentum for ``nesterov``) steps the previous round's parameters by it. The previous round's
+parameters and the outer momentum are identical on every rank (each computed from the same
+averages), so the step needs no communication. Both live with the world: the first round of a
+world is a plain average, which every rank of it (a newcomer too) starts from.
+
 fp16/bf16 apply to both exchanges: the warm-up gradients (torch's
 ``fp16_compress_wrapper``; a cast wrapper of Cohort's for bf16, which torch
 limits to NCCL) and the averaging, which sends the change since the previous
@@ -31,6 +40,8 @@ from torch.distributed.algorithms.model_averaging.averagers import PeriodicModel
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from cohort.api.models import OuterOptimizer
+
 from ..compression.hooks import cast_wrapper
 from ..compression.registry import build_method
 from .allreduce import timed_hook
@@ -43,14 +54,35 @@ class LocalSGDConfig:
     """Steps of fully synchronous SGD (gradient allreduce) before local SGD starts."""
 
 
+class OuterStep:
+    """The outer optimizer: torch's SGD on the round's parameters, whose gradient is how far the average moved."""
+
+    def __init__(self, config: OuterOptimizer):
+        self.config = config
+        self.params: torch.Tensor | None = None
+        self.optimizer: torch.optim.SGD | None = None
+
+    def __call__(self, previous: torch.Tensor, average: torch.Tensor) -> torch.Tensor:
+        """The new round's parameters, from the previous round's and this round's average."""
+        if self.optimizer is None or self.params is None:
+            self.params = previous.clone()
+            c = self.config
+            self.optimizer = torch.optim.SGD([self.params], lr=c.lr, momentum=c.momentum,
+                                             nesterov=c.name == "nesterov" and c.momentum > 0)
+        self.params.copy_(previous)
+        self.params.grad = previous - average
+        self.optimizer.step()
+        return self.params.detach().clone()
+
+
 class CastPeriodicAverager(PeriodicModelAverager):
-    """torch's PeriodicModelAverager, with the averaged quantity optionally cast to 16 bits."""
+    """torch's PeriodicModelAverager, with the averaged quantity optionally cast to 16 bits and an outer step."""
 
     def __init__(self, period: int, warmup_steps: int, group: dist.ProcessGroup | None, ctx: SyncContext,
-                 dtype: torch.dtype | None):
+                 dtype: torch.dtype | None, outer: OuterStep | None = None):
         super().__init__(period=period, warmup_steps=warmup_steps, process_group=group)
-        self.ctx, self.dtype = ctx, dtype
-        self.reference: torch.Tensor | None = None  # the last average, identical on every rank
+        self.ctx, self.dtype, self.outer = ctx, dtype, outer
+        self.reference: torch.Tensor | None = None  # the last round's parameters, identical on every rank
 
     def average_parameters(self, params: Any) -> None:
         params = list(params)
@@ -59,12 +91,12 @@ class CastPeriodicAverager(PeriodicModelAverager):
         if not due:
             self.step += 1
             return
-        if self.dtype is None:
+        if self.dtype is None and self.outer is None:
             self.ctx.stats.record(ring_allreduce_bytes(4 * n, world), 4 * n, 4 * n)
             super().average_parameters(params)  # torch's fp32 average (and its step counter)
             return
         x = parameters_to_vector(params).detach()
-        if self.reference is None:  # first average of this world: in fp32, to agree on the reference
+        if self.reference is None or self.dtype is None:  # a world's first average is fp32, to agree on the reference
             self.ctx.stats.record(ring_allreduce_bytes(4 * n, world), 4 * n, 4 * n)
             dist.all_reduce(x.div_(world), group=self.process_group)
         else:
@@ -72,6 +104,8 @@ class CastPeriodicAverager(PeriodicModelAverager):
             self.ctx.stats.record(ring_allreduce_bytes(2 * n, world), 2 * n, 4 * n)
             dist.all_reduce(delta, group=self.process_group)
             x = self.reference + delta.float()
+        if self.outer is not None and self.reference is not None:
+            x = self.outer(self.reference, x)
         self.reference = x.clone()
         vector_to_parameters(x, params)
         self.step += 1
@@ -100,8 +134,10 @@ class LocalSGDSync(Sync):
             warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
             ddp = DDP(model, process_group=self.ctx.group, broadcast_buffers=False)
         ddp.register_comm_hook(self.hook_state, timed_hook(self._hook(), self.ctx.stats))
+        outer = self.ctx.spec.sync.outer_optimizer
         self.averager = CastPeriodicAverager(max(1, int(self.ctx.spec.sync.period)), self.config.warmup_steps,
-                                             self.ctx.group, self.ctx, self.dtype)
+                                             self.ctx.group, self.ctx, self.dtype,
+                                             OuterStep(outer) if outer.name != "none" else None)
         return ddp
 
     def _hook(self) -> Any:
