@@ -36,6 +36,8 @@ def test_defaults_come_from_the_api_models():
     ({"compression": {"ratio": 0}}, "spec.compression.ratio"),
     ({"resources": {"limits": {"cpu": "lots"}}}, "spec.resources.limits.cpu"),
     ({"resources": {"requests": {"memory": 1.5}}}, "spec.resources.requests.memory"),
+    # a rule reads the GPU entry, and CEL cannot read a float there (the API server refuses 1.0 too)
+    ({"resources": {"requests": {"nvidia.com/gpu": 1.0}}}, "spec.resources.requests: nvidia.com/gpu"),
     ({"replicas": {"min": 4, "target": 2, "max": 8}}, "spec.replicas"),
     ({"workload": {"epochs": 0, "maxSteps": 0}}, "spec.workload.epochs"),
     ({"stragglers": {"threshold": 1}}, "spec.stragglers.threshold"),

@@ -337,6 +337,13 @@ def parse(cls: type[T], data: Any, path: str = "spec") -> T:
             # rule's result does not need it (``a || b`` with ``a`` true), CEL absorbs the error.
             problems.append(f"{path}.{dotted}: must be an integer without a fraction point (a rule reads it), "
                             f"got {raw!r}")
+    for dotted, key in _quantities_read_by_rules(typing.cast(Any, cls)):
+        raw = _lookup(data, dotted)
+        if isinstance(raw, dict) and isinstance(raw.get(key), float):
+            # JSON 1.0 stays a float in an int-or-string map, and CEL cannot read that ("expected XIntOrString
+            # value to be either a string or integer"): the API server refuses the object.
+            problems.append(f"{path}.{dotted}: {key} must be an integer or a string such as \"1\" (a rule reads "
+                            f"it), got {raw[key]!r}")
     if problems:
         raise ValidationError(*problems)
     problems = [f"{path}{rule.field_path or ''}: {rule.message}"
@@ -365,6 +372,22 @@ def _integers_read_by_rules(cls: type) -> tuple[tuple[Rule, str], ...]:
                 tp = _unwrap_optional(_hints(typing.cast(Any, tp))[fields[name].name])[0]
                 if tp is int and i == len(names) - 1:
                     found.append((rule, ".".join(names)))
+    return tuple(dict.fromkeys(found))
+
+
+@functools.cache
+def _quantities_read_by_rules(cls: type) -> tuple[tuple[str, str], ...]:
+    """Each map entry of quantities a rule of ``cls`` reads by its key (``self.requests['nvidia.com/gpu']``),
+    as (the map's dotted JSON path from ``cls``, the key)."""
+    found: list[tuple[str, str]] = []
+    for rule in getattr(cls, "__rules__", ()):
+        for chain, key in re.findall(r"(?<![\w.])self((?:\.\w+)+)\['([^']+)'\]", rule.cel):
+            tp: Any = cls
+            for name in chain.lstrip(".").split("."):
+                fields = {_json_name(f.name): f for f in dataclasses.fields(tp)} if is_model(tp) else {}
+                tp = _unwrap_optional(_hints(typing.cast(Any, tp))[fields[name].name])[0] if name in fields else None
+            if typing.get_origin(tp) is dict and get_args(tp)[1] is Quantity:
+                found.append((chain.lstrip("."), key))
     return tuple(dict.fromkeys(found))
 
 
