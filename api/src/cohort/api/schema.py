@@ -353,6 +353,17 @@ def parse(cls: type[T], data: Any, path: str = "spec") -> T:
     return obj
 
 
+def _chain_type(cls: type, names: list[str]) -> Any:
+    """The type of the field at a dotted JSON path of model fields from ``cls``; None where the path leaves them."""
+    tp: Any = cls
+    for name in names:
+        fields = {_json_name(f.name): f for f in dataclasses.fields(tp)} if is_model(tp) else {}
+        if name not in fields:
+            return None
+        tp = _unwrap_optional(_hints(typing.cast(Any, tp))[fields[name].name])[0]
+    return tp
+
+
 @functools.cache
 def _integers_read_by_rules(cls: type) -> tuple[tuple[Rule, str], ...]:
     """Each rule of ``cls`` with an integer field its CEL reads (a dotted JSON path from ``cls``)."""
@@ -361,17 +372,9 @@ def _integers_read_by_rules(cls: type) -> tuple[tuple[Rule, str], ...]:
         if "oldSelf" in rule.cel:
             continue  # a transition rule: not evaluated when an object is created
         for chain in re.findall(r"(?<![\w.])self((?:\.\w+)+)", rule.cel):
-            tp: Any = cls
             names = chain.lstrip(".").split(".")
-            for i, name in enumerate(names):
-                if not is_model(tp):
-                    break
-                fields = {_json_name(f.name): f for f in dataclasses.fields(tp)}
-                if name not in fields:
-                    break
-                tp = _unwrap_optional(_hints(typing.cast(Any, tp))[fields[name].name])[0]
-                if tp is int and i == len(names) - 1:
-                    found.append((rule, ".".join(names)))
+            if _chain_type(cls, names) is int:
+                found.append((rule, ".".join(names)))
     return tuple(dict.fromkeys(found))
 
 
@@ -382,10 +385,7 @@ def _quantities_read_by_rules(cls: type) -> tuple[tuple[str, str], ...]:
     found: list[tuple[str, str]] = []
     for rule in getattr(cls, "__rules__", ()):
         for chain, key in re.findall(r"(?<![\w.])self((?:\.\w+)+)\['([^']+)'\]", rule.cel):
-            tp: Any = cls
-            for name in chain.lstrip(".").split("."):
-                fields = {_json_name(f.name): f for f in dataclasses.fields(tp)} if is_model(tp) else {}
-                tp = _unwrap_optional(_hints(typing.cast(Any, tp))[fields[name].name])[0] if name in fields else None
+            tp = _chain_type(cls, chain.lstrip(".").split("."))
             if typing.get_origin(tp) is dict and get_args(tp)[1] is Quantity:
                 found.append((chain.lstrip("."), key))
     return tuple(dict.fromkeys(found))
