@@ -93,3 +93,32 @@ def test_the_gate_needs_a_reported_failure_and_forgets_it_at_the_next_step():
         gate.check()
     gate.begin()
     gate.check()  # a new step starts clean
+
+
+def test_a_step_whose_exchange_after_the_update_failed_still_counts():
+    """Local SGD's round and gossip's mixing run after the optimizer step (``plan.after_step``). When that
+    exchange fails (here: fault-injected, as a dead peer's round fails on gloo), the update is already in the
+    model, so StepRunner has run ``applied`` first: the trainer counts the step there (step counter and data
+    position), and the state is never one update ahead of its step. Counted after the exchange, as before,
+    a failed round left the step to run again in the next world, its batch applied twice."""
+    spec = job_spec(sync="localsgd", period=2)
+    torch.manual_seed(0)
+    w = build_workload(spec)
+    stats = CommStats()
+    plan = PARALLELISMS["data"](PlanContext(spec, 0, 1, stats))
+    module = plan.apply(w.model)
+    optimizer = build_optimizer(module.parameters(), spec.workload.optimizer)
+    runner = StepRunner(spec, torch.device("cpu"), stats, CommitGate(torch.device("cpu")))
+    events: list[str] = []
+
+    def round_fails(step: int) -> None:
+        events.append(f"round {step}")
+        raise RuntimeError("the round's allreduce failed: Connection closed by peer")
+
+    plan.after_step = round_fails  # type: ignore[method-assign]
+    before = {k: v.clone() for k, v in w.model.state_dict().items()}
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        runner.run(plan, optimizer, lambda: w.data.train.fetch(torch.arange(16)), w.loss_fn, MicroBatching(1, 1),
+                   lambda: None, 1, applied=lambda: events.append("counted"))
+    assert events == ["counted", "round 1"], events
+    assert any(not torch.equal(before[k], v) for k, v in w.model.state_dict().items())  # the update is in

@@ -70,10 +70,13 @@ class StepRunner:
     def run(self, plan: Plan, optimizer: torch.optim.Optimizer, fetch: Callable[[], tuple[torch.Tensor, torch.Tensor]],
             loss_fn: LossFn, micro: MicroBatching, before_update: Callable[[], object], step: int,
             slow_down: Callable[[float], float] = lambda s: 0.0,
-            after_backward: Callable[[], None] = lambda: None) -> StepResult:
+            after_backward: Callable[[], None] = lambda: None,
+            applied: Callable[[], None] = lambda: None) -> StepResult:
         """One step: this rank's batch (``fetch``: host tensors), its gradients synchronised and applied;
         ``step`` is the number of the step this completes. ``slow_down`` and ``after_backward`` are fault
-        injection's (a straggler; a collective that failed after writing part of its result).
+        injection's (a straggler; a collective that failed after writing part of its result). ``applied``
+        runs once the optimizer has updated the model, before the plan's exchange after the step (local
+        SGD's round, gossip's mixing): from then on the step counts, even if that exchange fails.
         Raises commit.StepDiscarded, with nothing applied, when the gate refuses the step."""
         start, hooks_before = self.clock.mark(), self.stats.hooks
         if self.gate is not None:
@@ -99,6 +102,7 @@ class StepRunner:
         else:
             optimizer.step()
         updated = self.clock.mark()
+        applied()
         plan.after_step(step)
         end = self.clock.mark()
         synchronize(self.device)

@@ -425,15 +425,22 @@ class Trainer:
         parts = self.sampler.micro_batches(size)
         whole = parts == 1 and len(idx) * size == global_batch  # one per-rank batch: no weighting needed
         micro = MicroBatching(parts, size, 0 if whole else global_batch)
+
+        def applied() -> None:
+            # The update is in the model: the step counts, even if the exchange after it (local SGD's
+            # round, gossip's mixing) fails. Counted after that exchange instead, a failed round left a
+            # model one update ahead of its step and data position: the step ran again in the next world,
+            # its batch applied twice, and a checkpoint on leaving held the mismatch.
+            if self.sample_log is not None:
+                self._log_samples(step, idx)
+            self.sampler.advance(size)
+            self.state.step = step + 1
+            self.state.has_state = True
+
         result = self.stepper.run(
             self.plan, self.optimizer, lambda: self.loader.get(idx, lambda: self.sampler.upcoming(dp_rank, size)),
             self.workload.loss_fn, micro, self.ckpt.before_update, step + 1, self.faults.delay,
-            lambda: self.faults.after_backward(self.rank, step, self.model.parameters(), self.gate.fail))
-        if self.sample_log is not None:
-            self._log_samples(step, idx)
-        self.sampler.advance(size)
-        self.state.step = step + 1
-        self.state.has_state = True
+            lambda: self.faults.after_backward(self.rank, step, self.model.parameters(), self.gate.fail), applied)
         self._record_step(result.wall_s, result.compute_s, result.comm_s, result.loss, size)
 
     def _log_samples(self, step: int, idx: torch.Tensor) -> None:
