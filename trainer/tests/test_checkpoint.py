@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 from tests.support.wait import wait_for
+from torch.distributed.checkpoint.api import CheckpointException
 
 from cohort.trainer.checkpoint import MARKER, Checkpointer, CheckpointError
 
@@ -35,6 +36,28 @@ def test_save_commits_and_prunes(tmp_path, async_save):
     ck.load(30, loaded)
     assert torch.equal(loaded["model"]["w"], torch.full((4, 4), 30.0))
     assert loaded["trainer"]["step"] == 30
+
+
+def test_optional_entries_load_where_the_checkpoint_has_them(tmp_path):
+    """An optional entry (TrainState.OPTIONAL: local SGD's outer state) is read back in place when the
+    checkpoint has it, and left as it is when the checkpoint was written without it; the others stay
+    required."""
+    ck = Checkpointer(str(tmp_path / "job"), keep=3, async_save=False)
+    outer = {"round": torch.tensor(6), "params": torch.arange(5.0), "momentum": torch.full((5,), 0.5)}
+    ck.save(10, {**state(10), "sync": outer}, {})
+    ck.save(20, state(20), {})  # a checkpoint from before the outer state was kept
+    ck.wait()
+    template = {"round": torch.tensor(-1), "params": torch.zeros(5), "momentum": torch.zeros(5)}
+    loaded = {**state(0), "sync": {k: v.clone() for k, v in template.items()}}
+    held = loaded["sync"]["params"]
+    ck.load(10, loaded, optional=("sync",))
+    assert loaded["sync"]["params"] is held and all(torch.equal(loaded["sync"][k], outer[k]) for k in outer)
+    loaded = {**state(0), "sync": {k: v.clone() for k, v in template.items()}}
+    ck.load(20, loaded, optional=("sync",))
+    assert loaded["trainer"]["step"] == 20 and all(torch.equal(loaded["sync"][k], template[k]) for k in template)
+    with pytest.raises(CheckpointException) as refused:  # not optional: the missing entry is an error
+        ck.load(20, {**state(0), "sync": {k: v.clone() for k, v in template.items()}})
+    assert "Missing key in checkpoint state_dict: sync.round" in repr(refused.value.failures)
 
 
 def test_incomplete_checkpoint_is_never_chosen(tmp_path):

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -131,6 +132,31 @@ def test_worker_killed_mid_training_recovers_in_place_without_lost_steps(tmp_pat
     assert joined[1]["step"] == 100 and joined[1]["source"] == "peer"  # continued from the step it held: 0 lost
     assert joined[1]["size"] == 3
     assert '"resumed from checkpoint"' not in survivor
+
+
+def test_diloco_outer_state_goes_on_through_a_lost_worker_and_a_restart(tmp_path):
+    """Local SGD every 4 steps (rounds after steps 10, 14, 18, ...) with DiLoCo's outer step. Rank 1 dies
+    at step 16: the survivor and the promoted spare (a newcomer, handed the state by the survivor) continue
+    the outer step from the round of step 14, momentum included, instead of starting it again. The job
+    ends at step 40 with a checkpoint; a second run from it to step 60 continues from the round of step 38,
+    which the checkpoint holds."""
+    sync = {"algorithm": "localsgd", "period": 4, "outerOptimizer": {"name": "nesterov"}}
+    m = manifest("diloco", sync=sync, replicas={"spares": 1}, workload={"epochs": 0, "maxSteps": 40},
+                 checkpoint={"everySteps": 20})
+    ck = tmp_path / "ck"
+
+    def continued(run: Path) -> dict[str, list[int]]:
+        rounds = {p.stem: [json.loads(line)["round"] for line in p.read_text().splitlines()
+                           if '"outer step continues"' in line] for p in sorted((run / "run").glob("*.log"))}
+        return {name: r for name, r in rounds.items() if r}  # the spare started after the promotion never joined
+
+    s = run_local(tmp_path / "a", m, workers=2, ckpt=ck, env={"COHORT_FAULT_KILL": "rank=1,step=16"})
+    assert s["step"] == 40 and "promoted" in s["worlds"][1]["reason"], s["worlds"]
+    assert continued(tmp_path / "a") == {"diloco-worker-0": [14], "diloco-worker-2": [14]}, continued(tmp_path / "a")
+    m["spec"]["workload"]["maxSteps"] = 60
+    s = run_local(tmp_path / "b", m, workers=2, ckpt=ck)
+    assert s["step"] == 60, s
+    assert continued(tmp_path / "b") == {"diloco-worker-0": [38], "diloco-worker-1": [38]}, continued(tmp_path / "b")
 
 
 def test_bad_inputs_exit_2_naming_the_field_or_module(tmp_path):

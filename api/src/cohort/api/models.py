@@ -266,8 +266,8 @@ class OuterOptimizer:
     lr: float = field(0.7, minimum=0, exclusive_minimum=True,
                       doc="Outer learning rate (sgd, nesterov); 1 with momentum 0 is the plain average.")
     momentum: float = field(0.9, minimum=0, maximum=0.999,
-                            doc="Outer momentum (sgd, nesterov). It lives with the world: it starts again at "
-                                "every world change and after a restart from a checkpoint.")
+                            doc="Outer momentum (sgd, nesterov). It and the previous round's parameters go on "
+                                "through world changes (a newcomer receives them) and checkpoint restarts.")
 
 
 @dataclass

@@ -24,6 +24,7 @@ import fsspec
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from .log import get_logger
 from .staging import BackgroundStager, has_dtensor
@@ -232,7 +233,13 @@ class Checkpointer:
 
     # --- load -----------------------------------------------------------------
     def load(self, step: int, state: dict[str, Any], *, group: dist.ProcessGroup | None = None,
-             sharded: bool = False) -> None:
-        """Load checkpoint ``step`` into ``state`` in place (resharding to this world if needed)."""
+             sharded: bool = False, optional: tuple[str, ...] = ()) -> None:
+        """Load checkpoint ``step`` into ``state`` in place (resharding to this world if needed). The entries
+        of ``state`` named in ``optional`` are loaded where the checkpoint has them and left as they are where
+        it does not; every other entry must be there."""
         kwargs: dict[str, Any] = {"process_group": group} if sharded else {"no_dist": True}
-        dcp.load(state, storage_reader=self._reader(step), **kwargs)
+        dcp.load({k: v for k, v in state.items() if k not in optional}, storage_reader=self._reader(step), **kwargs)
+        extra = {k: v for k, v in state.items() if k in optional}
+        if extra:
+            dcp.load(extra, storage_reader=self._reader(step), planner=DefaultLoadPlanner(allow_partial_load=True),
+                     **kwargs)

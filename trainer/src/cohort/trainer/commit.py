@@ -23,6 +23,11 @@ refused it; a preempted job's rank 0 would then checkpoint one step behind
 a peer (tests/e2e/test_kueue.py caught exactly that). The trainer checks the
 world between steps instead.
 
+An exchange after the optimizer step asks the gate again before applying its
+result: local SGD's round (``SyncContext.settle``) leaves the parameters and
+the outer state as they were when it is refused, and the step still counts
+(its update was applied). Gossip's mixing does not ask yet.
+
 A refused step raises :class:`StepDiscarded` with the gradients dropped and
 the parameters, optimizer state and step counter untouched: the state is the
 last committed step's, bit for bit, and the next world agrees on the highest

@@ -1,7 +1,8 @@
 """Training state: what a checkpoint holds and what a live peer hands over.
 
 The state is model + optimizer + the trainer's own position (step, data
-sampler, learning-rate schedule, RNG). Checkpoints go through DCP's
+sampler, learning-rate schedule, RNG) + what the sync algorithm keeps across
+worlds (``sync``: local SGD's outer step, sync/localsgd.py ``carried_state``). Checkpoints go through DCP's
 ``get_state_dict``/``set_state_dict`` (so wrapped and sharded models save
 with plain FQNs and reload at another world size); peer hand-over broadcasts
 the same state from one live member to all others.
@@ -23,8 +24,10 @@ from .sampler import ElasticSampler
 
 class TrainState:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, sampler: ElasticSampler,
-                 device: torch.device | None = None, scaler: torch.amp.GradScaler | None = None):
+                 device: torch.device | None = None, scaler: torch.amp.GradScaler | None = None,
+                 sync: dict[str, torch.Tensor] | None = None):
         self.model, self.optimizer, self.sampler = model, optimizer, sampler
+        self.sync = sync if sync is not None else {}  # updated in place by the sync; same keys in every process
         self.device = device or torch.device("cpu")
         self.scaler = scaler  # fp16's loss scale is state too: resuming with another one is not exact
         self.step = 0
@@ -56,9 +59,15 @@ class TrainState:
         self.has_state = False
 
     # --- checkpoint form -------------------------------------------------------
+    OPTIONAL = ("sync",)
+    """Keys of the checkpoint form that a checkpoint may lack (written before Cohort kept them)."""
+
     def checkpoint_state(self) -> dict[str, Any]:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        return {"model": model_sd, "optim": optim_sd, "trainer": self.trainer_state()}
+        state = {"model": model_sd, "optim": optim_sd, "trainer": self.trainer_state()}
+        if self.sync:
+            state["sync"] = self.sync  # loaded in place
+        return state
 
     def after_checkpoint_load(self, loaded: dict[str, Any]) -> None:
         set_state_dict(self.model, self.optimizer, model_state_dict=loaded["model"],
@@ -69,10 +78,12 @@ class TrainState:
     def broadcast(self, src: int, rank: int, group: dist.ProcessGroup | None = None) -> int:
         """Make every rank's state equal to rank ``src``'s (handover.py); returns the bytes handed over."""
         mine = {"model": self.model.state_dict(), "optim": self.optimizer.state_dict(),
-                "trainer": self.trainer_state()} if rank == src else None
+                "trainer": self.trainer_state(), "sync": self.sync} if rank == src else None
         state, nbytes = broadcast_state(mine, src, rank, self.device, group)
         if rank != src:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optim"])
             self.load_trainer_state(state["trainer"])
+            for key, value in state["sync"].items():
+                self.sync[key].copy_(value)
         return nbytes

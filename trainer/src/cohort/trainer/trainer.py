@@ -61,6 +61,7 @@ from .sampler import ElasticSampler
 from .state import TrainState
 from .step import MicroBatching, StepRunner
 from .sync.base import CommStats
+from .sync.localsgd import carried_state
 from .throughput import Throughput
 from .timing import StepClock
 from .workloads.workload import build_workload, summarize
@@ -124,7 +125,8 @@ class Trainer:
         self.stats = CommStats()
         self.gate = CommitGate(self.device)
         self.stepper = StepRunner(self.spec, self.device, self.stats, self.gate)
-        self.state = TrainState(self.model, self.optimizer, self.sampler, self.device, self.stepper.scaler)
+        self.state = TrainState(self.model, self.optimizer, self.sampler, self.device, self.stepper.scaler,
+                                carried_state(self.spec, self.model))
         self.throughput = Throughput.of(self.workload, self.device, self.spec.workload.precision)
         ck_root = self.spec.checkpoint.path.rstrip("/") + "/" + cfg.name
         self.ckpt = Checkpointer(map_path(ck_root), self.spec.checkpoint.keep, self.spec.checkpoint.async_,
@@ -236,7 +238,8 @@ class Trainer:
         if self.armed_timeout_s is not None:
             self.metrics.collective_timeout.set(self.armed_timeout_s)
         self.plan = PARALLELISMS[self.spec.parallelism.strategy](
-            PlanContext(self.spec, rank, world.size, self.stats, model=self.pristine, device=self.device))
+            PlanContext(self.spec, rank, world.size, self.stats, model=self.pristine, device=self.device,
+                        carried=self.state.sync, settle=self.gate.check))
         self.sampler.batch_size = self.plan.batch_size
         if self.plan.replicated and not self.sharded_model:
             self._agree_on_state()
@@ -272,7 +275,7 @@ class Trainer:
         ref = self.ckpt.latest()
         if ref is not None:
             state = self.state.checkpoint_state()
-            self.ckpt.load(ref.step, state)
+            self.ckpt.load(ref.step, state, optional=TrainState.OPTIONAL)
             self.state.after_checkpoint_load(state)
             self.recovery_source = "checkpoint"
             log.info("resumed from checkpoint", extra={"step": ref.step, "location": ref.location})
@@ -310,7 +313,7 @@ class Trainer:
             self.recovery_source = "fresh"
             return
         state = self.state.checkpoint_state()
-        self.ckpt.load(ref[0].step, state, sharded=True)
+        self.ckpt.load(ref[0].step, state, sharded=True, optional=TrainState.OPTIONAL)
         self.state.after_checkpoint_load(state)
         self.recovery_source = "checkpoint"
         log.info("resumed from checkpoint", extra={"step": ref[0].step, "location": ref[0].location})

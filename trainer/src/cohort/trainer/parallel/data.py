@@ -16,7 +16,8 @@ class DataParallel(Plan):
     def __init__(self, ctx: PlanContext):
         super().__init__(ctx)
         algo = ctx.spec.sync.algorithm
-        self.sync = SYNCS[algo](SyncContext(ctx.rank, ctx.world_size, ctx.spec, ctx.stats))
+        self.sync = SYNCS[algo](SyncContext(ctx.rank, ctx.world_size, ctx.spec, ctx.stats, carried=ctx.carried,
+                                             settle=ctx.settle))
 
     def apply(self, model: nn.Module) -> nn.Module:
         if self.ctx.spec.workload.compile:

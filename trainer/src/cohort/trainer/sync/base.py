@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -67,7 +68,13 @@ class SyncContext:
     spec: TrainingJobSpec
     stats: CommStats
     group: dist.ProcessGroup | None = None   # None: the default group
-    extras: dict[str, Any] = field(default_factory=dict)
+    # State the trainer keeps across worlds for this sync, identical on every rank (TrainState.sync: local
+    # SGD's outer step); empty when it keeps none.
+    carried: dict[str, torch.Tensor] = field(default_factory=dict)
+    # The commit gate's check (commit.py): raises StepDiscarded when this step's collectives failed. An exchange
+    # after the optimizer step calls it before applying its result (NCCL reports a failure late, the result
+    # perhaps half written).
+    settle: Callable[[], None] = lambda: None
 
 
 class Sync(ABC):

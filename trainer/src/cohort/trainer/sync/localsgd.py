@@ -5,7 +5,9 @@ Communicates Little"), with torch's own pieces.
 For the first ``warmup_steps`` steps, DDP allreduces gradients (torch's
 ``post_localSGD_hook``); after that each rank steps on its own gradients and
 every ``sync.period`` steps the replicas average their parameters (torch's
-``PeriodicModelAverager``). The hook's subgroup, normally the ranks sharing a
+``PeriodicModelAverager`` schedule; the average as its ``average_parameters``
+computes it, but the parameters take it only once the commit gate's check
+passes: on NCCL a failed round's result may be half written). The hook's subgroup, normally the ranks sharing a
 machine, is explicit here: a Cohort pod is its own machine, so the subgroup is
 the rank alone (torch's default subgroup needs CUDA and fails on CPU).
 
@@ -15,8 +17,12 @@ the rank alone (torch's default subgroup needs CUDA and fails on CPU).
 round's parameters minus the new average is an outer gradient, and torch's SGD (with Nesterov
 momentum for ``nesterov``) steps the previous round's parameters by it. The previous round's
 parameters and the outer momentum are identical on every rank (each computed from the same
-averages), so the step needs no communication. Both live with the world: the first round of a
-world is a plain average, which every rank of it (a newcomer too) starts from.
+averages), so the step needs no communication. Both outlive the world, as torchft's DiLoCo keeps
+them through recovery: they are tensors the trainer holds (``TrainState.sync``, made by
+:func:`carried_state`), hands to a newcomer with the rest of the state and writes into checkpoints,
+so the first round after a world change or a restart is an outer step that goes on with the
+momentum. A new world checks that its members hold the same round before using it (else that
+round is a plain average and the momentum starts again).
 
 fp16/bf16 apply to both exchanges: the warm-up gradients (torch's
 ``fp16_compress_wrapper``; a cast wrapper of Cohort's for bf16, which torch
@@ -40,12 +46,15 @@ from torch.distributed.algorithms.model_averaging.averagers import PeriodicModel
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from cohort.api.models import OuterOptimizer
+from cohort.api.models import OuterOptimizer, TrainingJobSpec
 
 from ..compression.hooks import cast_wrapper
 from ..compression.registry import build_method
+from ..log import get_logger
 from .allreduce import timed_hook
 from .base import Sync, SyncContext, ring_allreduce_bytes
+
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -54,35 +63,74 @@ class LocalSGDConfig:
     """Steps of fully synchronous SGD (gradient allreduce) before local SGD starts."""
 
 
+def carried_state(spec: TrainingJobSpec, model: nn.Module) -> dict[str, torch.Tensor]:
+    """The outer step's state, which the trainer keeps across worlds; empty for a job without one.
+
+    ``params``: θ, the last round's parameters; ``momentum``: the outer momentum (when it is not 0); ``round``:
+    the step of the last round, -1 before the first. Same size, dtype and device as the model's parameters,
+    so a checkpoint has the same keys whether it was written before the first round or after."""
+    outer = spec.sync.outer_optimizer
+    if spec.sync.algorithm != "localsgd" or outer.name == "none":
+        return {}
+    params = parameters_to_vector(model.parameters()).detach()
+    state = {"round": torch.tensor(-1, dtype=torch.int64), "params": torch.zeros_like(params)}
+    if outer.momentum > 0:
+        state["momentum"] = torch.zeros_like(params)
+    return state
+
+
 class OuterStep:
-    """The outer optimizer: torch's SGD on the round's parameters, whose gradient is how far the average moved."""
+    """The outer optimizer: torch's SGD on the rounds' parameters θ, whose gradient is how far the average moved.
 
-    def __init__(self, config: OuterOptimizer):
-        self.config = config
-        self.params: torch.Tensor | None = None
-        self.optimizer: torch.optim.SGD | None = None
+    Its state is ``carried`` (:func:`carried_state`), tensors it updates in place: a new world's OuterStep
+    built on them continues where the last one stopped."""
 
-    def __call__(self, previous: torch.Tensor, average: torch.Tensor) -> torch.Tensor:
-        """The new round's parameters, from the previous round's and this round's average."""
-        if self.optimizer is None or self.params is None:
-            self.params = previous.clone()
-            c = self.config
-            self.optimizer = torch.optim.SGD([self.params], lr=c.lr, momentum=c.momentum,
-                                             nesterov=c.name == "nesterov" and c.momentum > 0)
-        self.params.copy_(previous)
-        self.params.grad = previous - average
-        self.optimizer.step()
-        return self.params.detach().clone()
+    def __init__(self, config: OuterOptimizer, carried: dict[str, torch.Tensor]):
+        self.carried = carried
+        theta = carried["params"]
+        self.optimizer = torch.optim.SGD([theta], lr=config.lr, momentum=config.momentum,
+                                         nesterov=config.name == "nesterov" and config.momentum > 0)
+        if "momentum" in carried:  # SGD updates its buffer in place; zeros are exactly its first step's clone
+            self.optimizer.state[theta]["momentum_buffer"] = carried["momentum"]
+
+    @property
+    def params(self) -> torch.Tensor | None:
+        """θ, the last round's parameters, identical on every rank; None before the first round."""
+        return self.carried["params"] if int(self.carried["round"]) >= 0 else None
+
+    def restart(self) -> None:
+        """Forget θ and the momentum: the next round is a plain average."""
+        self.carried["round"].fill_(-1)
+        if "momentum" in self.carried:
+            self.carried["momentum"].zero_()
+
+    def __call__(self, average: torch.Tensor, step: int) -> torch.Tensor:
+        """θ after the round that ended at ``step`` (updated in place), from the round's average."""
+        theta = self.carried["params"]
+        if self.params is None:  # the first round: θ is the average
+            theta.copy_(average)
+        else:
+            theta.grad = theta - average
+            self.optimizer.step()
+            theta.grad = None
+        self.carried["round"].fill_(step)
+        return theta
 
 
 class CastPeriodicAverager(PeriodicModelAverager):
-    """torch's PeriodicModelAverager, with the averaged quantity optionally cast to 16 bits and an outer step."""
+    """torch's PeriodicModelAverager, with the averaged quantity optionally cast to 16 bits, an outer step, and
+    the commit gate's check before the parameters take a round's result."""
 
     def __init__(self, period: int, warmup_steps: int, group: dist.ProcessGroup | None, ctx: SyncContext,
                  dtype: torch.dtype | None, outer: OuterStep | None = None):
         super().__init__(period=period, warmup_steps=warmup_steps, process_group=group)
         self.ctx, self.dtype, self.outer = ctx, dtype, outer
-        self.reference: torch.Tensor | None = None  # the last round's parameters, identical on every rank
+        self.last: torch.Tensor | None = None  # without an outer step: the last round's average
+
+    @property
+    def reference(self) -> torch.Tensor | None:
+        """The last round's parameters, identical on every rank (16-bit rounds send the change since them)."""
+        return self.outer.params if self.outer is not None else self.last
 
     def average_parameters(self, params: Any) -> None:
         params = list(params)
@@ -91,22 +139,23 @@ class CastPeriodicAverager(PeriodicModelAverager):
         if not due:
             self.step += 1
             return
-        if self.dtype is None and self.outer is None:
-            self.ctx.stats.record(ring_allreduce_bytes(4 * n, world), 4 * n, 4 * n)
-            super().average_parameters(params)  # torch's fp32 average (and its step counter)
-            return
+        # torch's average_parameters, but checked by the commit gate before the parameters take the result.
         x = parameters_to_vector(params).detach()
-        if self.reference is None or self.dtype is None:  # a world's first average is fp32, to agree on the reference
+        reference = self.reference
+        if reference is None or self.dtype is None:  # no agreed reference yet: the average is fp32
             self.ctx.stats.record(ring_allreduce_bytes(4 * n, world), 4 * n, 4 * n)
             dist.all_reduce(x.div_(world), group=self.process_group)
+            self.ctx.settle()  # a failed round changes nothing: neither the parameters nor θ
         else:
-            delta = (x - self.reference).div_(world).to(self.dtype)
+            delta = (x - reference).div_(world).to(self.dtype)
             self.ctx.stats.record(ring_allreduce_bytes(2 * n, world), 2 * n, 4 * n)
             dist.all_reduce(delta, group=self.process_group)
-            x = self.reference + delta.float()
-        if self.outer is not None and self.reference is not None:
-            x = self.outer(self.reference, x)
-        self.reference = x.clone()
+            self.ctx.settle()
+            x = reference + delta.float()
+        if self.outer is not None:
+            x = self.outer(x, self.step).clone()  # the parameters become views of x: θ stays apart
+        elif self.dtype is not None:
+            self.last = x.clone()
         vector_to_parameters(x, params)
         self.step += 1
 
@@ -116,7 +165,7 @@ class LocalSGDSync(Sync):
         super().__init__(ctx)
         self.config = config or LocalSGDConfig()
         dtype = build_method(ctx.spec.compression).localsgd_dtype()  # admission refuses the others
-        self.dtype = None if dtype == torch.float32 else dtype  # None: torch's own fp32 average
+        self.dtype = None if dtype == torch.float32 else dtype  # None: the average in fp32
         self.hook_state: plsgd.PostLocalSGDState | None = None
         self.averager: CastPeriodicAverager | None = None
 
@@ -134,11 +183,26 @@ class LocalSGDSync(Sync):
             warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
             ddp = DDP(model, process_group=self.ctx.group, broadcast_buffers=False)
         ddp.register_comm_hook(self.hook_state, timed_hook(self._hook(), self.ctx.stats))
-        outer = self.ctx.spec.sync.outer_optimizer
         self.averager = CastPeriodicAverager(max(1, int(self.ctx.spec.sync.period)), self.config.warmup_steps,
-                                             self.ctx.group, self.ctx, self.dtype,
-                                             OuterStep(outer) if outer.name != "none" else None)
+                                             self.ctx.group, self.ctx, self.dtype, self._outer_step(model))
         return ddp
+
+    def _outer_step(self, model: nn.Module) -> OuterStep | None:
+        """The outer step on the trainer's carried state (else state of its own), checked to agree across ranks."""
+        carried = self.ctx.carried or carried_state(self.ctx.spec, model)
+        if not carried:
+            return None
+        outer = OuterStep(self.ctx.spec.sync.outer_optimizer, carried)
+        mine = int(carried["round"])
+        seen = torch.tensor([mine, -mine], device=carried["params"].device)
+        dist.all_reduce(seen, op=dist.ReduceOp.MAX, group=self.ctx.group)  # [max, -min] of the members' rounds
+        if int(seen[0]) != -int(seen[1]):
+            log.warning("the members hold different outer rounds: the next round is a plain average",
+                        extra={"round": mine, "newest": int(seen[0]), "oldest": -int(seen[1])})
+            outer.restart()
+        elif mine >= 0:
+            log.info("outer step continues", extra={"round": mine})
+        return outer
 
     def _hook(self) -> Any:
         hook: Callable[..., Any] = plsgd.post_localSGD_hook
