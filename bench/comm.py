@@ -142,7 +142,6 @@ def _bytes_worker(rank: int, world: int, port: int, pairs: list[tuple[str, str]]
     from cohort.api.jobconfig import from_manifest
     from cohort.trainer.runtime.process_group import exit_process
     from cohort.trainer.sync.base import CommStats, SyncContext
-    from cohort.trainer.sync.localsgd import LocalSGDConfig, LocalSGDSync
     from cohort.trainer.sync.registry import SYNCS
     from cohort.trainer.workloads.models import MLP, DataInfo
 
@@ -166,10 +165,11 @@ def _bytes_worker(rank: int, world: int, port: int, pairs: list[tuple[str, str]]
     rows: dict[str, Any] = {"_barriers": empty}
     warm, measured = 6, 8
     for sync_name, method in pairs:
-        spec = from_manifest(manifest(sync_name, method)).spec
+        m = manifest(sync_name, method)
+        m["spec"]["sync"]["warmupSteps"] = 2  # local SGD's warm-up before the measured steps
+        spec = from_manifest(m).spec
         ctx = SyncContext(rank, world, spec, CommStats())
-        sync = LocalSGDSync(ctx, LocalSGDConfig(warmup_steps=2)) if spec.sync.algorithm == "localsgd" else \
-            SYNCS[spec.sync.algorithm](ctx)
+        sync = SYNCS[spec.sync.algorithm](ctx)
         torch.manual_seed(0)
         model = MLP(DataInfo((1, 8, 8), num_classes=10))
         module = sync.wrap(model)

@@ -46,6 +46,7 @@ def test_defaults_come_from_the_api_models():
     ({"sync": {"algorithm": "localsgd", "outerOptimizer": {"name": "adam"}}}, "spec.sync.outerOptimizer.name"),
     ({"sync": {"algorithm": "localsgd", "outerOptimizer": {"lr": 0}}}, "spec.sync.outerOptimizer.lr"),
     ({"sync": {"algorithm": "localsgd", "outerOptimizer": {"momentum": 1}}}, "spec.sync.outerOptimizer.momentum"),
+    ({"sync": {"algorithm": "localsgd", "warmupSteps": -1}}, "spec.sync.warmupSteps"),
 ])
 def test_invalid_specs_name_the_field(spec, field):
     with pytest.raises(ValidationError) as e:

@@ -25,7 +25,7 @@ from cohort.trainer.sync.allreduce import AllreduceSync
 from cohort.trainer.sync.base import CommStats, SyncContext, allgather_bytes, ring_allreduce_bytes
 from cohort.trainer.sync.gossip import GossipSync
 from cohort.trainer.sync.gossip_exchange import HEADER_BYTES
-from cohort.trainer.sync.localsgd import LocalSGDConfig, LocalSGDSync, carried_state
+from cohort.trainer.sync.localsgd import LocalSGDSync, carried_state
 from cohort.trainer.workloads.datasets import digits
 from cohort.trainer.workloads.models import MLP, DataInfo
 
@@ -541,10 +541,10 @@ def test_sparse_wire_advantage_shrinks_as_the_world_grows():
 def _localsgd(rank: int, world: int) -> dict:
     out = {}
     for method in ("none", "fp16", "bf16"):
-        ctx = SyncContext(rank, world, job_spec(sync="localsgd", method=method, period=2), CommStats())
+        ctx = SyncContext(rank, world, job_spec(sync="localsgd", method=method, period=2, warmup=2), CommStats())
         torch.manual_seed(0)
         model = MLP(INFO)
-        sync = LocalSGDSync(ctx, LocalSGDConfig(warmup_steps=2))
+        sync = LocalSGDSync(ctx)
         ddp = sync.wrap(model)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         params = []
@@ -588,7 +588,7 @@ def _outer(rank: int, world: int) -> dict:
     """Local SGD with an outer step: every rank's parameters before and after each round (warm-up 2, period 2)."""
     out = {}
     for name, method, change in OUTER_CASES:
-        spec = job_spec(sync="localsgd", method=method, period=2, outer={**OUTER, "name": name})
+        spec = job_spec(sync="localsgd", method=method, period=2, outer={**OUTER, "name": name}, warmup=2)
         torch.manual_seed(0)
         model = MLP(INFO)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -605,7 +605,7 @@ def _outer(rank: int, world: int) -> dict:
                     state.broadcast(0, rank)
                     record["handed"] = {k: v.clone() for k, v in carried.items()}
                 ctx = SyncContext(rank, world, spec, CommStats(), carried=carried)
-                sync = LocalSGDSync(ctx, LocalSGDConfig(warmup_steps=2))
+                sync = LocalSGDSync(ctx)
                 worlds.append((sync, sync.wrap(model), ctx))
             sync, ddp, ctx = worlds[-1]
             opt.zero_grad()
@@ -667,14 +667,14 @@ def _failed_round(rank: int, world: int) -> dict:
     """DiLoCo, rounds after steps 2, 4, 6. The round after step 4 completes on rank 0 but the commit gate's check
     fails on rank 1 (fault-injected: on NCCL a failure is reported after the collective, its result perhaps half
     written). A new world (a new Sync on the carried state) follows after step 4."""
-    spec = job_spec(sync="localsgd", period=2, outer=OUTER)
+    spec = job_spec(sync="localsgd", period=2, outer=OUTER, warmup=2)
     torch.manual_seed(0)
     model = MLP(INFO)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     carried = carried_state(spec, model)
     checks = []
 
-    def settle() -> None:
+    def check_gate() -> None:
         checks.append(1)
         if rank == 1 and len(checks) == 2:
             raise StepDiscarded("step discarded: the cpu backend reports a failure (injected)")
@@ -682,8 +682,7 @@ def _failed_round(rank: int, world: int) -> dict:
     worlds: list = []
     for step in range(6):
         if step in (0, 4):
-            sync = LocalSGDSync(SyncContext(rank, world, spec, CommStats(), carried=carried, settle=settle),
-                                LocalSGDConfig(warmup_steps=2))
+            sync = LocalSGDSync(SyncContext(rank, world, spec, CommStats(), carried=carried, check_gate=check_gate))
             worlds.append((sync, sync.wrap(model)))
         sync, ddp = worlds[-1]
         opt.zero_grad()
@@ -800,6 +799,43 @@ def test_gossip_at_world_size_one_is_a_no_op():
     sync.after_step(model, 1)
     assert torch.equal(parameters_to_vector(model.parameters()), before)
     assert sync.eval_model(model) is model and ctx.stats.bytes_sent == 0
+
+
+def _refused_gossip_round(rank: int, world: int) -> dict:
+    """Three plain gossip rounds between two replicas, each after a step on its own batch; rank 1's commit
+    gate refuses the third."""
+    checks = []
+
+    def check_gate() -> None:
+        checks.append(1)
+        if rank == 1 and len(checks) == 3:
+            raise StepDiscarded("step discarded: the cpu backend reports a failure (injected)")
+    sync = GossipSync(SyncContext(rank, world, job_spec(sync="gossip"), CommStats(), check_gate=check_gate))
+    torch.manual_seed(rank)
+    model = sync.wrap(MLP(INFO))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    out: dict = {}
+    for step in range(1, 4):
+        opt.zero_grad()
+        x, y = batch(rank, step)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()  # the replicas differ before every round
+        before = parameters_to_vector(model.parameters()).detach().clone()
+        try:
+            sync.after_step(model, step)
+        except StepDiscarded as e:
+            out["discarded"] = str(e)
+        out[step] = not torch.equal(parameters_to_vector(model.parameters()), before)  # the round moved it
+    sync.settle(model)
+    return out
+
+
+def test_a_gossip_round_the_commit_gate_refuses_leaves_the_parameters():
+    """Gossip's mixing asks the commit gate before the parameters take the mixed values: rank 1's third
+    round is refused (fault-injected) and leaves its parameters as they were; rank 0's went through."""
+    r0, r1 = run_ranks(_refused_gossip_round, 2)
+    assert "discarded" not in r0 and "injected" in r1["discarded"], r1
+    assert [r0[s] for s in (1, 2, 3)] == [True, True, True] and [r1[s] for s in (1, 2, 3)] == [True, True, False]
 
 
 def _straggler(rank: int, world: int) -> dict:

@@ -56,7 +56,6 @@ def _probe(rank: int, world: int) -> dict:
     from gloo_ranks import job_spec
 
     from cohort.trainer.sync.base import CommStats, SyncContext
-    from cohort.trainer.sync.localsgd import LocalSGDConfig, LocalSGDSync
     from cohort.trainer.sync.registry import SYNCS
     from cohort.trainer.workloads.models import MLP, DataInfo
 
@@ -142,10 +141,9 @@ def _probe(rank: int, world: int) -> dict:
     out = {}
     for sync_name, method, collective in PAIRS:
         extra = {} if collective == "-" else {"collective": collective}
-        ctx = SyncContext(rank, world, job_spec(sync=sync_name, method=method, period=LOCALSGD_PERIOD, **extra),
-                          CommStats())
-        sync = LocalSGDSync(ctx, LocalSGDConfig(warmup_steps=LOCALSGD_WARMUP)) if sync_name == "localsgd" \
-            else SYNCS[sync_name](ctx)
+        ctx = SyncContext(rank, world, job_spec(sync=sync_name, method=method, period=LOCALSGD_PERIOD,
+                                                warmup=LOCALSGD_WARMUP, **extra), CommStats())
+        sync = SYNCS[sync_name](ctx)
         torch.manual_seed(0)
         model = MLP(DataInfo((1, 8, 8), num_classes=10), hidden=HIDDEN)
         module = sync.wrap(model)

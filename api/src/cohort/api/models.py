@@ -277,6 +277,10 @@ class Sync:
     algorithm: SyncAlgorithm = field("allreduce", doc="allreduce (DDP), gossip (decentralised) or localsgd (periodic averaging).")
     topology: Topology = field("ring", doc="Gossip topology: ring, exponential (peers at 2^k) or random (seeded pairs).")
     period: int = field(1, minimum=1, doc="Steps between gossip or local-SGD averaging rounds.")
+    warmup_steps: int = field(10, minimum=0,
+                              doc="localsgd: steps of fully synchronous SGD (the gradients allreduced every step) "
+                                  "before the local steps and averaging rounds begin (post-local SGD's switch "
+                                  "point, torch's start_localSGD_iter); 0 starts local at once.")
     outer_optimizer: OuterOptimizer = field(OuterOptimizer, doc="localsgd: the outer step applied to each average "
                                                                 "(none: the plain average; nesterov: DiLoCo).")
 

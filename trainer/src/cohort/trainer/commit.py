@@ -24,9 +24,9 @@ a peer (tests/e2e/test_kueue.py caught exactly that). The trainer checks the
 world between steps instead.
 
 An exchange after the optimizer step asks the gate again before applying its
-result: local SGD's round (``SyncContext.settle``) leaves the parameters and
-the outer state as they were when it is refused, and the step still counts
-(its update was applied). Gossip's mixing does not ask yet.
+result (``SyncContext.check_gate``): refused, local SGD's round leaves the
+parameters and the outer state as they were, gossip's mixing the parameters,
+and the step still counts (its update was applied).
 
 A refused step raises :class:`StepDiscarded` with the gradients dropped and
 the parameters, optimizer state and step counter untouched: the state is the

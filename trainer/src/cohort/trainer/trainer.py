@@ -239,7 +239,7 @@ class Trainer:
             self.metrics.collective_timeout.set(self.armed_timeout_s)
         self.plan = PARALLELISMS[self.spec.parallelism.strategy](
             PlanContext(self.spec, rank, world.size, self.stats, model=self.pristine, device=self.device,
-                        carried=self.state.sync, settle=self.gate.check))
+                        carried=self.state.sync, check_gate=self.gate.check))
         self.sampler.batch_size = self.plan.batch_size
         if self.plan.replicated and not self.sharded_model:
             self._agree_on_state()

@@ -39,7 +39,7 @@ class PlanContext:
     model: nn.Module | None = None   # an unsharded copy of the model, for planning and checks (may be None)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # runtime/device.py's choice
     carried: dict[str, torch.Tensor] = field(default_factory=dict)  # the sync's state across worlds (TrainState.sync)
-    settle: Callable[[], None] = lambda: None  # the commit gate's check, for exchanges after the step (SyncContext)
+    check_gate: Callable[[], None] = lambda: None  # the commit gate's check, for exchanges after the step (SyncContext)
 
 
 class Plan(ABC):

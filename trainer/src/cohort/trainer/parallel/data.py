@@ -17,7 +17,7 @@ class DataParallel(Plan):
         super().__init__(ctx)
         algo = ctx.spec.sync.algorithm
         self.sync = SYNCS[algo](SyncContext(ctx.rank, ctx.world_size, ctx.spec, ctx.stats, carried=ctx.carried,
-                                             settle=ctx.settle))
+                                             check_gate=ctx.check_gate))
 
     def apply(self, model: nn.Module) -> nn.Module:
         if self.ctx.spec.workload.compile:

@@ -74,7 +74,7 @@ class SyncContext:
     # The commit gate's check (commit.py): raises StepDiscarded when this step's collectives failed. An exchange
     # after the optimizer step calls it before applying its result (NCCL reports a failure late, the result
     # perhaps half written).
-    settle: Callable[[], None] = lambda: None
+    check_gate: Callable[[], None] = lambda: None
 
 
 class Sync(ABC):

@@ -96,6 +96,7 @@ class GossipSync(Sync):
         if self.ctx.world_size > 1 and step % self.period == 0:
             x = parameters_to_vector(model.parameters()).detach()
             self._round(self._exchange([p.numel() for p in model.parameters()], x.device), x, step)
+            self.ctx.check_gate()  # refused (a failed exchange, perhaps half written): the parameters stay
             vector_to_parameters(x, model.parameters())
             self.rounds += 1
         self._left_at = time.perf_counter()

@@ -2,7 +2,7 @@
 Mini-Batches, Use Local SGD"; Stich 2019, "Local SGD Converges Fast and
 Communicates Little"), with torch's own pieces.
 
-For the first ``warmup_steps`` steps, DDP allreduces gradients (torch's
+For the first ``sync.warmupSteps`` steps, DDP allreduces gradients (torch's
 ``post_localSGD_hook``); after that each rank steps on its own gradients and
 every ``sync.period`` steps the replicas average their parameters (torch's
 ``PeriodicModelAverager`` schedule; the average as its ``average_parameters``
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -55,12 +54,6 @@ from .allreduce import timed_hook
 from .base import Sync, SyncContext, ring_allreduce_bytes
 
 log = get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class LocalSGDConfig:
-    warmup_steps: int = 10
-    """Steps of fully synchronous SGD (gradient allreduce) before local SGD starts."""
 
 
 def carried_state(spec: TrainingJobSpec, model: nn.Module) -> dict[str, torch.Tensor]:
@@ -145,12 +138,12 @@ class CastPeriodicAverager(PeriodicModelAverager):
         if reference is None or self.dtype is None:  # no agreed reference yet: the average is fp32
             self.ctx.stats.record(ring_allreduce_bytes(4 * n, world), 4 * n, 4 * n)
             dist.all_reduce(x.div_(world), group=self.process_group)
-            self.ctx.settle()  # a failed round changes nothing: neither the parameters nor θ
+            self.ctx.check_gate()  # a failed round changes nothing: neither the parameters nor θ
         else:
             delta = (x - reference).div_(world).to(self.dtype)
             self.ctx.stats.record(ring_allreduce_bytes(2 * n, world), 2 * n, 4 * n)
             dist.all_reduce(delta, group=self.process_group)
-            self.ctx.settle()
+            self.ctx.check_gate()
             x = reference + delta.float()
         if self.outer is not None:
             x = self.outer(x, self.step).clone()  # the parameters become views of x: θ stays apart
@@ -161,9 +154,9 @@ class CastPeriodicAverager(PeriodicModelAverager):
 
 
 class LocalSGDSync(Sync):
-    def __init__(self, ctx: SyncContext, config: LocalSGDConfig | None = None):
+    def __init__(self, ctx: SyncContext):
         super().__init__(ctx)
-        self.config = config or LocalSGDConfig()
+        self.warmup_steps = ctx.spec.sync.warmup_steps
         dtype = build_method(ctx.spec.compression).localsgd_dtype()  # admission refuses the others
         self.dtype = None if dtype == torch.float32 else dtype  # None: the average in fp32
         self.hook_state: plsgd.PostLocalSGDState | None = None
@@ -175,7 +168,7 @@ class LocalSGDSync(Sync):
         # One subgroup per rank; every rank must take part in creating all of them.
         subgroup, _ = dist.new_subgroups(group_size=1, group=self.ctx.group)
         self.hook_state = plsgd.PostLocalSGDState(process_group=self.ctx.group, subgroup=subgroup,
-                                                  start_localSGD_iter=self.config.warmup_steps)
+                                                  start_localSGD_iter=self.warmup_steps)
         with warnings.catch_warnings():
             # Buffers stay local between averaging rounds (a per-forward broadcast is a global
             # collective every step). torch 2.13 deprecates the argument but says to keep using it
@@ -183,7 +176,7 @@ class LocalSGDSync(Sync):
             warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
             ddp = DDP(model, process_group=self.ctx.group, broadcast_buffers=False)
         ddp.register_comm_hook(self.hook_state, timed_hook(self._hook(), self.ctx.stats))
-        self.averager = CastPeriodicAverager(max(1, int(self.ctx.spec.sync.period)), self.config.warmup_steps,
+        self.averager = CastPeriodicAverager(max(1, int(self.ctx.spec.sync.period)), self.warmup_steps,
                                              self.ctx.group, self.ctx, self.dtype, self._outer_step(model))
         return ddp
 
