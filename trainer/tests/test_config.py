@@ -47,6 +47,8 @@ def test_defaults_come_from_the_api_models():
     ({"sync": {"algorithm": "localsgd", "outerOptimizer": {"lr": 0}}}, "spec.sync.outerOptimizer.lr"),
     ({"sync": {"algorithm": "localsgd", "outerOptimizer": {"momentum": 1}}}, "spec.sync.outerOptimizer.momentum"),
     ({"sync": {"algorithm": "localsgd", "warmupSteps": -1}}, "spec.sync.warmupSteps"),
+    ({"podTemplate": {"spec": {"containers": [{"name": "trainer", "imagePullPolicy": None}]}}},
+     "spec.podTemplate.spec.containers[0].imagePullPolicy"),  # the API server refuses a null enum value
 ])
 def test_invalid_specs_name_the_field(spec, field):
     with pytest.raises(ValidationError) as e:

@@ -428,11 +428,13 @@ def _lookup(data: Any, dotted: str) -> Any:
 
 def _parse_value(tp: Any, meta: typing.Mapping[str, Any], value: Any, path: str) -> Any:
     tp, nullable = _unwrap_optional(tp)
-    if value is None:
-        if nullable:
-            return None
-        raise ValidationError(f"{path}: must not be null")
     origin = get_origin(tp)
+    if value is None:
+        if nullable and origin is not Literal:
+            return None
+        # The API server checks a null against a nullable field's enum too, and refuses it ("Unsupported
+        # value: null"), even with null among the enum's values (measured 2026-12-05): so does Python.
+        raise ValidationError(f"{path}: must not be null" + (" (leave the field out to unset it)" if nullable else ""))
     if is_model(tp):
         return parse(tp, value, path)
     if origin is Literal:
