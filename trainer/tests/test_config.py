@@ -123,3 +123,16 @@ def test_cohort_train_reads_the_config_path_from_cohort_config(monkeypatch):
 def test_a_job_must_say_what_it_trains(spec, field):
     with pytest.raises(ValidationError, match=f"^{field}: required field is missing"):
         from_manifest(manifest(spec, whole=True))
+
+
+def test_to_dict_leaves_an_unset_enum_field_out_so_parse_takes_it_back():
+    """to_dict writes an unset nullable field as null, except an enum field (imagePullPolicy): the API server
+    and parse refuse a null there, and a spec round-tripped through to_dict would no longer parse."""
+    from cohort.api.models import TrainingJobSpec
+    from cohort.api.schema import parse, to_dict
+
+    spec = parse(TrainingJobSpec, with_workload({"podTemplate": {"spec": {"containers": [{"name": "trainer"}]}}}))
+    stored = to_dict(spec)
+    assert "imagePullPolicy" not in stored["podTemplate"]["spec"]["containers"][0]
+    assert stored["podTemplate"]["spec"]["securityContext"]["fsGroup"] is None  # other nullable fields: null
+    assert parse(TrainingJobSpec, stored) == spec

@@ -551,12 +551,15 @@ def to_dict(obj: Any, *, omit_none: bool = False) -> Any:
     """A model as the JSON-shaped dict the API server would store (camelCase).
 
     ``omit_none`` leaves out model fields that are None (an unset nullable field, which the API
-    server stores as absent); without it they are written as null (a status patch clears them).
+    server stores as absent); without it they are written as null (a status patch clears them),
+    except an unset enum field: the API server refuses a null enum value (and so does ``parse``),
+    so it is always left out, and ``parse(to_dict(x))`` gives ``x`` back.
     """
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        hints = _hints(type(obj))
         fields = ((f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj))
         return {_json_name(name): to_dict(value, omit_none=omit_none) for name, value in fields
-                if not (omit_none and value is None)}
+                if not (value is None and (omit_none or get_origin(_unwrap_optional(hints[name])[0]) is Literal))}
     if isinstance(obj, list):
         return [to_dict(v, omit_none=omit_none) for v in obj]
     if isinstance(obj, dict):
