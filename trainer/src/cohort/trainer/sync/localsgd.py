@@ -138,13 +138,12 @@ class CastPeriodicAverager(PeriodicModelAverager):
         if reference is None or self.dtype is None:  # no agreed reference yet: the average is fp32
             self.ctx.stats.record(ring_allreduce_bytes(4 * n, world), 4 * n, 4 * n)
             dist.all_reduce(x.div_(world), group=self.process_group)
-            self.ctx.check_gate()  # a failed round changes nothing: neither the parameters nor θ
         else:
             delta = (x - reference).div_(world).to(self.dtype)
             self.ctx.stats.record(ring_allreduce_bytes(2 * n, world), 2 * n, 4 * n)
             dist.all_reduce(delta, group=self.process_group)
-            self.ctx.check_gate()
             x = reference + delta.float()
+        self.ctx.check_gate()  # a failed round changes nothing: neither the parameters nor θ
         if self.outer is not None:
             x = self.outer(x, self.step).clone()  # the parameters become views of x: θ stays apart
         elif self.dtype is not None:
