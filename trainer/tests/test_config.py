@@ -47,6 +47,9 @@ def test_defaults_come_from_the_api_models():
     ({"sync": {"algorithm": "localsgd", "outerOptimizer": {"lr": 0}}}, "spec.sync.outerOptimizer.lr"),
     ({"sync": {"algorithm": "localsgd", "outerOptimizer": {"momentum": 1}}}, "spec.sync.outerOptimizer.momentum"),
     ({"sync": {"algorithm": "localsgd", "warmupSteps": -1}}, "spec.sync.warmupSteps"),
+    ({"sync": {"algorithm": "gossip", "period": 4, "fragments": 2}}, "spec.sync.fragments"),  # needs localsgd
+    ({"sync": {"algorithm": "localsgd", "period": 4, "fragments": 5}}, "spec.sync.fragments"),  # > period
+    ({"sync": {"algorithm": "localsgd", "period": 4, "fragments": 0}}, "spec.sync.fragments"),
     ({"podTemplate": {"spec": {"containers": [{"name": "trainer", "imagePullPolicy": None}]}}},
      "spec.podTemplate.spec.containers[0].imagePullPolicy"),  # the API server refuses a null enum value
 ])

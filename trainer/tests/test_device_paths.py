@@ -68,6 +68,10 @@ def api_table() -> list[tuple[str, dict[str, Any]]]:
         case("pipeline-clip", {**TINY_GPT, "optimizer": {"gradClipNorm": 1.0}},
              parallelism={"strategy": "pipeline", "pipeline": 2, "microbatches": 2}),
         case("data-global-batch", {**DIGITS, "globalBatchSize": 40}),
+        # DiLoCo in fragments: the outer step on views of θ and its momentum, on the device (a round after each of
+        # steps 10 to 14: the first averages the whole model, then the two fragments take turns).
+        case("data-localsgd-diloco-fragments", steps=14, sync={"algorithm": "localsgd", "period": 2,
+                                                               "outerOptimizer": {"name": "nesterov"}, "fragments": 2}),
     ]
     return cases
 

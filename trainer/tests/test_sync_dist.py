@@ -663,6 +663,86 @@ def test_localsgd_outer_step_is_sgd_on_the_rounds_pseudo_gradient():
             assert got[6] == ring_allreduce_bytes((4 if method == "none" else 2) * n, 2), (method, got[6])
 
 
+FRAGMENT_CASES = [("none", "none"), ("none", "bf16"), ("nesterov", "none"), ("nesterov", "bf16")]
+
+
+def _fragments(rank: int, world: int) -> dict:
+    """Local SGD in 2 fragments (warm-up 2, period 4: fragment 0's rounds after steps 2, 6, 10, fragment 1's after
+    4, 8): every rank's parameters before and after each step's exchange, and the bytes it sent."""
+    out = {}
+    for name, method in FRAGMENT_CASES:
+        spec = job_spec(sync="localsgd", method=method, period=4, outer={**OUTER, "name": name}, warmup=2,
+                        fragments=2)
+        torch.manual_seed(0)
+        model = MLP(INFO)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ctx = SyncContext(rank, world, spec, CommStats(), carried=carried_state(spec, model))
+        sync = LocalSGDSync(ctx)
+        ddp = sync.wrap(model)
+        before, after, sent = [], [], []
+        for step in range(10):
+            opt.zero_grad()
+            x, y = batch(rank, step)
+            F.cross_entropy(ddp(x), y).backward()
+            opt.step()
+            before.append(gather(parameters_to_vector(model.parameters()).detach(), world))
+            bytes_before = ctx.stats.bytes_sent
+            sync.after_step(ddp, step + 1)
+            sent.append(ctx.stats.bytes_sent - bytes_before)
+            after.append(gather(parameters_to_vector(model.parameters()).detach(), world))
+        out[(name, method)] = {"before": before, "after": after, "sent": sent}
+    return out
+
+
+def test_localsgd_fragments_average_one_slice_per_round_and_step_its_slice_of_the_outer_state():
+    """Streaming DiLoCo's schedule (sync.fragments 2, period 4, warm-up 2; 2 ranks): after steps 2, 6 and 10 the
+    first half of the flat parameter vector is averaged, after 4 and 8 the second half, and the other half stays
+    each rank's own, untouched. Each round sends half the model (the peak per round halves); with an outer
+    step or 16-bit averaging the first round averages the whole model in fp32 (the reference every later round
+    needs), and the later 16-bit rounds keep the replicas' slice identical.
+    With Nesterov each round's slice equals an independent replay of SGD on that slice of θ with that slice of
+    the momentum (to 1e-6; bf16 within 5 % of the step's length)."""
+    ranks = run_ranks(_fragments, 2)
+    n = N_PARAMS
+    halves = [(0, n // 2), (n // 2, n)]
+    lr, mu = OUTER["lr"], OUTER["momentum"]
+    for (name, method), got in ranks[0].items():
+        theta, buf, started = None, torch.zeros(n), False
+        for i in range(10):
+            step, b, a = i + 1, got["before"][i], got["after"][i]
+            round_of = {2: 0, 6: 0, 10: 0, 4: 1, 8: 1}.get(step)
+            if step < 2:  # warm-up: synchronous SGD, nothing after the step
+                assert torch.equal(b[0], b[1]) and torch.equal(a, b) and got["sent"][i] == 0, (name, method, step)
+                continue
+            if round_of is None:
+                assert torch.equal(a, b) and got["sent"][i] == 0, (name, method, step)
+                continue
+            whole = not started and (name != "none" or method != "none")
+            lo, hi = (0, n) if whole else halves[round_of]
+            bpe = 4 if not started or method == "none" else 2
+            started = True
+            assert got["sent"][i] == ring_allreduce_bytes(bpe * (hi - lo), 2), (name, method, step, got["sent"][i])
+            assert torch.equal(a[0][lo:hi], a[1][lo:hi]), (name, method, step)
+            for r in range(2):  # outside the round's slice the parameters are the rank's own
+                assert torch.equal(a[r][:lo], b[r][:lo]) and torch.equal(a[r][hi:], b[r][hi:]), (name, method, step)
+            assert step == 2 or whole or not torch.equal(a[0], a[1]), (name, method, step)  # 2: the warm-up's last
+            average = b[:, lo:hi].mean(0)
+            if name == "none" or theta is None:
+                if method == "none":
+                    assert torch.equal(a[0][lo:hi], average), (name, method, step)
+                theta = a[0].clone() if name != "none" else None
+                continue
+            g = theta[lo:hi] - average
+            buf[lo:hi] = buf[lo:hi] * mu + g
+            expected = theta[lo:hi] - lr * g.add(buf[lo:hi], alpha=mu)
+            if method == "none":
+                torch.testing.assert_close(a[0][lo:hi], expected, atol=1e-6, rtol=0)
+            else:
+                off, length = (a[0][lo:hi] - expected).norm(), (expected - average).norm()
+                assert off < 0.05 * length, (name, method, step, float(off), float(length))
+            theta[lo:hi] = a[0][lo:hi]
+
+
 def _failed_round(rank: int, world: int) -> dict:
     """DiLoCo, rounds after steps 2, 4, 6. The round after step 4 completes on rank 0 but the commit gate's check
     fails on rank 1 (fault-injected: on NCCL a failure is reported after the collective, its result perhaps half

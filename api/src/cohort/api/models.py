@@ -274,6 +274,17 @@ class OuterOptimizer:
 class Sync:
     """How replicas agree on parameters."""
 
+    __rules__ = (
+        Rule(cel="self.fragments == 1 || self.algorithm == 'localsgd'",
+             message="spec.sync.fragments > 1 needs spec.sync.algorithm localsgd (fragments split local SGD's "
+                     "averaging rounds)",
+             check=lambda s: s.fragments == 1 or s.algorithm == "localsgd", field_path=".fragments"),
+        Rule(cel="self.fragments <= self.period",
+             message="spec.sync.fragments must be at most spec.sync.period (each fragment's round takes a step of "
+                     "its own within the period)",
+             check=lambda s: s.fragments <= s.period, field_path=".fragments"),
+    )
+
     algorithm: SyncAlgorithm = field("allreduce", doc="allreduce (DDP), gossip (decentralised) or localsgd (periodic averaging).")
     topology: Topology = field("ring", doc="Gossip topology: ring, exponential (peers at 2^k) or random (seeded pairs).")
     period: int = field(1, minimum=1, doc="Steps between gossip or local-SGD averaging rounds.")
@@ -283,6 +294,12 @@ class Sync:
                                   "point, torch's start_localSGD_iter); 0 starts local at once.")
     outer_optimizer: OuterOptimizer = field(OuterOptimizer, doc="localsgd: the outer step applied to each average "
                                                                 "(none: the plain average; nesterov: DiLoCo).")
+    fragments: int = field(1, minimum=1,
+                           doc="localsgd: the parameters' share each round averages (Streaming DiLoCo's fragments): "
+                               "the flat parameter vector in F equal slices, slice f averaged at the steps f x "
+                               "period / F into each period, so each slice is still averaged once per period and a "
+                               "round sends 1/F of the model. A world's first round averages all of them. At most "
+                               "spec.sync.period.")
 
 
 @dataclass

@@ -37,4 +37,5 @@ class DataParallel(Plan):
         c, sync = self.ctx.spec.compression.method, self.ctx.spec.sync
         outer = sync.outer_optimizer.name if sync.algorithm == "localsgd" else "none"
         return (f"data dp={self.dp_size} sync={sync.algorithm}" + (f" outer={outer}" if outer != "none" else "")
+                + (f" fragments={sync.fragments}" if sync.fragments > 1 else "")
                 + (f" compression={c}" if c != "none" else ""))

@@ -76,15 +76,12 @@ class OuterStep:
     """The outer optimizer: torch's SGD on the rounds' parameters θ, whose gradient is how far the average moved.
 
     Its state is ``carried`` (:func:`carried_state`), tensors it updates in place: a new world's OuterStep
-    built on them continues where the last one stopped."""
+    built on them continues where the last one stopped. A round of one fragment (``part``, a slice of the flat
+    parameter vector) steps that slice of θ and of the momentum only: one SGD per slice, on views of them."""
 
     def __init__(self, config: OuterOptimizer, carried: dict[str, torch.Tensor]):
-        self.carried = carried
-        theta = carried["params"]
-        self.optimizer = torch.optim.SGD([theta], lr=config.lr, momentum=config.momentum,
-                                         nesterov=config.name == "nesterov" and config.momentum > 0)
-        if "momentum" in carried:  # SGD updates its buffer in place; zeros are exactly its first step's clone
-            self.optimizer.state[theta]["momentum_buffer"] = carried["momentum"]
+        self.config, self.carried = config, carried
+        self._optimizers: dict[tuple[int, int], torch.optim.SGD] = {}
 
     @property
     def params(self) -> torch.Tensor | None:
@@ -97,28 +94,50 @@ class OuterStep:
         if "momentum" in self.carried:
             self.carried["momentum"].zero_()
 
-    def __call__(self, average: torch.Tensor, step: int) -> torch.Tensor:
-        """θ after the round that ended at ``step`` (updated in place), from the round's average."""
-        theta = self.carried["params"]
-        if self.params is None:  # the first round: θ is the average
-            theta.copy_(average)
+    def _optimizer(self, part: tuple[int, int]) -> torch.optim.SGD:
+        if part not in self._optimizers:
+            c, theta = self.config, self.carried["params"][part[0]:part[1]]
+            opt = torch.optim.SGD([theta], lr=c.lr, momentum=c.momentum,
+                                  nesterov=c.name == "nesterov" and c.momentum > 0)
+            if "momentum" in self.carried:  # SGD updates its buffer in place; zeros are exactly its first step's clone
+                opt.state[theta]["momentum_buffer"] = self.carried["momentum"][part[0]:part[1]]
+            self._optimizers[part] = opt
+        return self._optimizers[part]
+
+    def __call__(self, average: torch.Tensor, step: int, part: tuple[int, int]) -> torch.Tensor:
+        """θ's slice ``part`` after the round that ended at ``step`` (updated in place), from the round's average of
+        that slice. Before the first round ``part`` must be the whole vector: θ is then the average."""
+        if self.params is None:
+            assert part == (0, self.carried["params"].numel()), "a world's first round averages every fragment"
+            self.carried["params"].copy_(average)
         else:
+            opt = self._optimizer(part)
+            theta = opt.param_groups[0]["params"][0]
             theta.grad = theta - average
-            self.optimizer.step()
+            opt.step()
             theta.grad = None
         self.carried["round"].fill_(step)
-        return theta
+        return self.carried["params"][part[0]:part[1]]
+
+
+def fragment_bounds(numel: int, fragments: int) -> list[tuple[int, int]]:
+    """``fragments`` contiguous slices of a flat vector of ``numel`` entries, equal to within one entry."""
+    cuts = [f * numel // fragments for f in range(fragments + 1)]
+    return list(zip(cuts[:-1], cuts[1:], strict=True))
 
 
 class CastPeriodicAverager(PeriodicModelAverager):
-    """torch's PeriodicModelAverager, with the averaged quantity optionally cast to 16 bits, an outer step, and
-    the commit gate's check before the parameters take a round's result."""
+    """torch's PeriodicModelAverager, with the averaged quantity optionally cast to 16 bits, an outer step, the
+    commit gate's check before the parameters take a round's result, and fragments (Streaming DiLoCo's schedule:
+    fragment f's round at the step f x period / F into each period)."""
 
     def __init__(self, period: int, warmup_steps: int, group: dist.ProcessGroup | None, ctx: SyncContext,
-                 dtype: torch.dtype | None, outer: OuterStep | None = None):
+                 dtype: torch.dtype | None, outer: OuterStep | None = None, fragments: int = 1):
         super().__init__(period=period, warmup_steps=warmup_steps, process_group=group)
         self.ctx, self.dtype, self.outer = ctx, dtype, outer
         self.last: torch.Tensor | None = None  # without an outer step: the last round's average
+        self.offsets = {f * period // fragments: f for f in range(fragments)}  # step into the period -> fragment
+        self.fragments = fragments
 
     @property
     def reference(self) -> torch.Tensor | None:
@@ -127,27 +146,35 @@ class CastPeriodicAverager(PeriodicModelAverager):
 
     def average_parameters(self, params: Any) -> None:
         params = list(params)
-        due = self.step >= self.warmup_steps and (self.step - self.warmup_steps) % self.period == 0
-        n, world = sum(p.numel() for p in params), self.ctx.world_size
-        if not due:
+        since = self.step - self.warmup_steps
+        fragment = self.offsets.get(since % self.period) if since >= 0 else None
+        if fragment is None:
             self.step += 1
             return
         # torch's average_parameters, but checked by the commit gate before the parameters take the result.
         x = parameters_to_vector(params).detach()
+        n, world = x.numel(), self.ctx.world_size
         reference = self.reference
+        needs_reference = self.outer is not None or self.dtype is not None
+        # Without an agreed reference (a world's first round with one in use) every fragment is averaged.
+        a, b = (0, n) if needs_reference and reference is None else fragment_bounds(n, self.fragments)[fragment]
+        part = x[a:b]
         if reference is None or self.dtype is None:  # no agreed reference yet: the average is fp32
-            self.ctx.stats.record(ring_allreduce_bytes(4 * n, world), 4 * n, 4 * n)
-            dist.all_reduce(x.div_(world), group=self.process_group)
+            self.ctx.stats.record(ring_allreduce_bytes(4 * (b - a), world), 4 * (b - a), 4 * (b - a))
+            dist.all_reduce(part.div_(world), group=self.process_group)
         else:
-            delta = (x - reference).div_(world).to(self.dtype)
-            self.ctx.stats.record(ring_allreduce_bytes(2 * n, world), 2 * n, 4 * n)
+            delta = (part - reference[a:b]).div_(world).to(self.dtype)
+            self.ctx.stats.record(ring_allreduce_bytes(2 * (b - a), world), 2 * (b - a), 4 * (b - a))
             dist.all_reduce(delta, group=self.process_group)
-            x = reference + delta.float()
+            part.copy_(reference[a:b] + delta.float())
         self.ctx.check_gate()  # a failed round changes nothing: neither the parameters nor θ
         if self.outer is not None:
-            x = self.outer(x, self.step).clone()  # the parameters become views of x: θ stays apart
+            part.copy_(self.outer(part, self.step, (a, b)))  # x is the parameters' copy: θ stays apart
         elif self.dtype is not None:
-            self.last = x.clone()
+            if self.last is None:
+                self.last = x.clone()
+            else:
+                self.last[a:b] = part
         vector_to_parameters(x, params)
         self.step += 1
 
@@ -176,7 +203,8 @@ class LocalSGDSync(Sync):
             ddp = DDP(model, process_group=self.ctx.group, broadcast_buffers=False)
         ddp.register_comm_hook(self.hook_state, timed_hook(self._hook(), self.ctx.stats))
         self.averager = CastPeriodicAverager(max(1, int(self.ctx.spec.sync.period)), self.warmup_steps,
-                                             self.ctx.group, self.ctx, self.dtype, self._outer_step(model))
+                                             self.ctx.group, self.ctx, self.dtype, self._outer_step(model),
+                                             self.ctx.spec.sync.fragments)
         return ddp
 
     def _outer_step(self, model: nn.Module) -> OuterStep | None:
