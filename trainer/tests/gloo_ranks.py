@@ -8,6 +8,8 @@ With ``group=False`` no group is formed: ``fn`` forms (and ends) its own.
 Processes that outlive ``timeout_s`` are killed, and the test fails.
 ``run_trainer`` runs one job's real Trainer on a rank of such a process, ``case_error`` records a job
 that failed there; ``run_jobs`` runs many jobs one after another on one set of ranks with them.
+``data_plan`` sets up one rank's data plan, optimizer and StepRunner, as the trainer does, for tests that
+drive ``StepRunner.run`` themselves.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -29,8 +31,14 @@ from tests.support.specs import WORKLOAD
 
 from cohort.api.jobconfig import from_manifest
 from cohort.api.models import OWN_MOMENTUM
+from cohort.trainer.optim import build_optimizer
+from cohort.trainer.parallel.base import PlanContext
+from cohort.trainer.parallel.registry import PARALLELISMS
 from cohort.trainer.runtime.ports import free_port, free_ports
 from cohort.trainer.runtime.process_group import exit_process
+from cohort.trainer.step import StepRunner
+from cohort.trainer.sync.base import CommStats
+from cohort.trainer.workloads.workload import build_workload
 
 
 def job_spec(sync: str = "allreduce", method: str = "none", topology: str = "ring", period: int = 1,
@@ -45,6 +53,26 @@ def job_spec(sync: str = "allreduce", method: str = "none", topology: str = "rin
                                   "warmupSteps": warmup, "outerOptimizer": outer or {}, "fragments": fragments},
                          "compression": {"method": method, **compression}}}
     return from_manifest(manifest).spec
+
+
+class DataPlan(NamedTuple):
+    workload: Any
+    plan: Any
+    module: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    runner: StepRunner
+
+
+def data_plan(spec: Any, rank: int = 0, world: int = 1, gate: Any = None) -> DataPlan:
+    """``spec``'s workload (seeded 0) under the data plan of ``rank`` in a world of ``world`` (1 needs no process
+    group), its optimizer, and the StepRunner the trainer would use on the CPU (with commit ``gate``, if given)."""
+    torch.manual_seed(0)
+    w = build_workload(spec)
+    stats = CommStats()
+    plan = PARALLELISMS["data"](PlanContext(spec, rank, world, stats))
+    module = plan.apply(w.model)
+    optimizer = build_optimizer(module.parameters(), spec.workload.optimizer)
+    return DataPlan(w, plan, module, optimizer, StepRunner(spec, torch.device("cpu"), stats, gate))
 
 
 def _entry(rank: int, fn: Callable[..., Any], world: int, port: int, out: str, args: tuple, group: bool) -> None:

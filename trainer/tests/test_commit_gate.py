@@ -16,16 +16,11 @@ from typing import Any
 
 import pytest
 import torch
-from gloo_ranks import job_spec, run_ranks
+from gloo_ranks import data_plan, job_spec, run_ranks
 
 from cohort.trainer.commit import CommitGate, StepDiscarded
 from cohort.trainer.faults import Fault, Faults
-from cohort.trainer.optim import build_optimizer
-from cohort.trainer.parallel.base import PlanContext
-from cohort.trainer.parallel.registry import PARALLELISMS
-from cohort.trainer.step import MicroBatching, StepRunner
-from cohort.trainer.sync.base import CommStats
-from cohort.trainer.workloads.workload import build_workload
+from cohort.trainer.step import MicroBatching
 
 pytestmark = [pytest.mark.dist]
 
@@ -33,15 +28,8 @@ FAULTY_RANK, FAULTY_STEP = 1, 2  # the third step (0-based)
 
 
 def _train(rank: int, world: int, gated: bool) -> dict[str, Any]:
-    spec = job_spec()
-    torch.manual_seed(0)
-    w = build_workload(spec)
-    stats = CommStats()
-    plan = PARALLELISMS["data"](PlanContext(spec, rank, world, stats))
-    module = plan.apply(w.model)
-    optimizer = build_optimizer(module.parameters(), spec.workload.optimizer)
     gate = CommitGate(torch.device("cpu")) if gated else None
-    runner = StepRunner(spec, torch.device("cpu"), stats, gate)
+    w, plan, _, optimizer, runner = data_plan(job_spec(), rank, world, gate)
     faults = Faults(partial=Fault(FAULTY_RANK, FAULTY_STEP))
     reports: list[str] = []
     snapshot: dict[str, torch.Tensor] = {}
@@ -101,14 +89,7 @@ def test_a_step_whose_exchange_after_the_update_failed_still_counts():
     model, so StepRunner has run ``applied`` first: the trainer counts the step there (step counter and data
     position), and the state is never one update ahead of its step. Counted after the exchange, as before,
     a failed round left the step to run again in the next world, its batch applied twice."""
-    spec = job_spec(sync="localsgd", period=2)
-    torch.manual_seed(0)
-    w = build_workload(spec)
-    stats = CommStats()
-    plan = PARALLELISMS["data"](PlanContext(spec, 0, 1, stats))
-    module = plan.apply(w.model)
-    optimizer = build_optimizer(module.parameters(), spec.workload.optimizer)
-    runner = StepRunner(spec, torch.device("cpu"), stats, CommitGate(torch.device("cpu")))
+    w, plan, _, optimizer, runner = data_plan(job_spec(sync="localsgd", period=2), gate=CommitGate(torch.device("cpu")))
     events: list[str] = []
 
     def round_fails(step: int) -> None:

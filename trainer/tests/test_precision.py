@@ -9,14 +9,10 @@ from typing import Any
 
 import pytest
 import torch
+from gloo_ranks import data_plan
 
 from cohort.api.jobconfig import from_manifest
-from cohort.trainer.optim import build_optimizer
-from cohort.trainer.parallel.base import PlanContext
-from cohort.trainer.parallel.registry import PARALLELISMS
 from cohort.trainer.step import MicroBatching, StepRunner
-from cohort.trainer.sync.base import CommStats
-from cohort.trainer.workloads.workload import build_workload
 
 
 def spec_with(**workload: Any) -> Any:
@@ -27,13 +23,7 @@ def spec_with(**workload: Any) -> Any:
 
 def train(spec: Any, steps: int) -> tuple[list[float], list[torch.dtype], StepRunner, torch.nn.Module]:
     """``steps`` steps on one rank; returns the losses, the dtypes the first layer computed in, the runner."""
-    torch.manual_seed(0)
-    w = build_workload(spec)
-    stats = CommStats()
-    plan = PARALLELISMS["data"](PlanContext(spec, 0, 1, stats))
-    module = plan.apply(w.model)
-    optimizer = build_optimizer(module.parameters(), spec.workload.optimizer)
-    runner = StepRunner(spec, torch.device("cpu"), stats)
+    w, plan, module, optimizer, runner = data_plan(spec)
     dtypes: list[torch.dtype] = []
     w.model.fc1.register_forward_hook(lambda m, i, out: dtypes.append(out.dtype))
     losses = []
