@@ -75,10 +75,11 @@ class TrainState:
         self.load_trainer_state(loaded["trainer"])
 
     # --- peer hand-over --------------------------------------------------------
-    def broadcast(self, src: int, rank: int, group: dist.ProcessGroup | None = None) -> int:
-        """Make every rank's state equal to rank ``src``'s (handover.py); returns the bytes handed over."""
+    def broadcast(self, src: int, rank: int, group: dist.ProcessGroup | None = None, sync: bool = True) -> int:
+        """Make every rank's state equal to rank ``src``'s (handover.py); returns the bytes handed over. ``sync``
+        False leaves the sync's carried state out (at a fresh start every rank built the same)."""
         mine = {"model": self.model.state_dict(), "optim": self.optimizer.state_dict(),
-                "trainer": self.trainer_state(), "sync": self.sync} if rank == src else None
+                "trainer": self.trainer_state(), "sync": self.sync if sync else {}} if rank == src else None
         state, nbytes = broadcast_state(mine, src, rank, self.device, group)
         if rank != src:
             self.model.load_state_dict(state["model"])

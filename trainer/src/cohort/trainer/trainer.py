@@ -283,7 +283,9 @@ class Trainer:
             self.state.has_state = True  # every rank built the same seeded model
             self.recovery_source = "fresh"
         if dist.get_world_size() > 1 and ref is None:
-            self.state.broadcast(0, self.rank)  # belt and braces: identical start everywhere
+            # Belt and braces: identical start everywhere. The sync's carried state (DiLoCo's θ and momentum,
+            # two model-sized buffers) is the same on every rank before the first round: not sent.
+            self.state.broadcast(0, self.rank, sync=False)
 
     def _enter_sharded(self) -> None:
         """A fresh model for this world's plan, then state from the newest checkpoint, else step 0.
