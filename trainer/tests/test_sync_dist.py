@@ -576,6 +576,19 @@ def test_localsgd_averages_every_period_after_warmup():
         assert results[0][method]["bytes"] == grads + averages, method
 
 
+def _step_and_exchange(rank: int, world: int, step: int, ddp, opt, sync, stats: CommStats) -> tuple:
+    """One local step on this rank's batch, then the Sync's exchange after it (``step + 1``, the trainer's count):
+    every rank's parameters before and after the exchange, and the bytes this rank sent in it."""
+    opt.zero_grad()
+    x, y = batch(rank, step)
+    F.cross_entropy(ddp(x), y).backward()
+    opt.step()
+    before = gather(parameters_to_vector(ddp.parameters()).detach(), world)
+    sent = stats.bytes_sent
+    sync.after_step(ddp, step + 1)
+    return before, gather(parameters_to_vector(ddp.parameters()).detach(), world), stats.bytes_sent - sent
+
+
 OUTER = {"name": "nesterov", "lr": 0.7, "momentum": 0.9}
 # (outer optimizer, averaging dtype, the step after which the world changes or None). A world change builds a
 # new Sync on the state the trainer carries (TrainState.sync), and rank 1 comes back as a newcomer: its carried
@@ -608,15 +621,9 @@ def _outer(rank: int, world: int) -> dict:
                 sync = LocalSGDSync(ctx)
                 worlds.append((sync, sync.wrap(model), ctx))
             sync, ddp, ctx = worlds[-1]
-            opt.zero_grad()
-            x, y = batch(rank, step)
-            F.cross_entropy(ddp(x), y).backward()
-            opt.step()
-            before.append(gather(parameters_to_vector(model.parameters()).detach(), world))
-            sent = ctx.stats.bytes_sent
-            sync.after_step(ddp, step + 1)
-            record[step + 1] = ctx.stats.bytes_sent - sent
-            after.append(gather(parameters_to_vector(model.parameters()).detach(), world))
+            b, a, record[step + 1] = _step_and_exchange(rank, world, step, ddp, opt, sync, ctx.stats)
+            before.append(b)
+            after.append(a)
         out[(name, method, change)] = {"before": before, "after": after, **record}
     return out
 
@@ -681,15 +688,10 @@ def _fragments(rank: int, world: int) -> dict:
         ddp = sync.wrap(model)
         before, after, sent = [], [], []
         for step in range(10):
-            opt.zero_grad()
-            x, y = batch(rank, step)
-            F.cross_entropy(ddp(x), y).backward()
-            opt.step()
-            before.append(gather(parameters_to_vector(model.parameters()).detach(), world))
-            bytes_before = ctx.stats.bytes_sent
-            sync.after_step(ddp, step + 1)
-            sent.append(ctx.stats.bytes_sent - bytes_before)
-            after.append(gather(parameters_to_vector(model.parameters()).detach(), world))
+            b, a, n = _step_and_exchange(rank, world, step, ddp, opt, sync, ctx.stats)
+            before.append(b)
+            after.append(a)
+            sent.append(n)
         out[(name, method)] = {"before": before, "after": after, "sent": sent}
     return out
 
