@@ -1,8 +1,9 @@
 """Communication: what each sync x compression pair sends, and what it costs in time (a benchmark).
 
     python bench/comm.py [--nets loopback,1gbit,100mbit] [--pairs allreduce:topk,gossip:none,...]
-    (a pair's sync may name local SGD's outer optimizer and fragments: --pairs localsgd/nesterov:none,
-    localsgd/nesterov/f4:none; --period N sets every gossip and local-SGD pair's sync.period)
+    (a pair's sync may name local SGD's outer optimizer, fragments, overlap and mixing: --pairs
+    localsgd/nesterov:none, localsgd/nesterov/f4/o1/m0.5:none; --period N sets every gossip and local-SGD
+    pair's sync.period)
                          [--worlds 2,4,8] [--skip-bytes] [--skip-train] [--skip-straggler] [--repeats N]
 
 1. Bytes (the same Cohort code on a gloo group, P ranks, the digits MLP of
@@ -82,7 +83,7 @@ PERIOD: int | None = None  # --period: every gossip and local-SGD pair's sync.pe
 def sync_section(sync: str, method: str) -> dict[str, Any]:
     """``spec.sync`` of a pair, with its TUNED settings. ``localsgd/nesterov`` (or ``/sgd``) is local SGD with
     that outer optimizer (``sync.outerOptimizer``, its defaults otherwise); a further ``/f4`` sets
-    ``sync.fragments`` to 4."""
+    ``sync.fragments`` to 4, ``/o1`` ``sync.overlapSteps`` to 1 and ``/m0.5`` ``sync.mixing`` to 0.5."""
     algorithm, *extras = sync.split("/")
     section = {"algorithm": algorithm, **TUNED.get((algorithm, method), {}).get("sync", {})}
     if PERIOD and algorithm != "allreduce":
@@ -90,6 +91,10 @@ def sync_section(sync: str, method: str) -> dict[str, Any]:
     for extra in extras:
         if extra[:1] == "f" and extra[1:].isdigit():
             section["fragments"] = int(extra[1:])
+        elif extra[:1] == "o" and extra[1:].isdigit():
+            section["overlapSteps"] = int(extra[1:])
+        elif extra[:1] == "m" and extra[1:].replace(".", "", 1).isdigit():
+            section["mixing"] = float(extra[1:])
         else:
             section["outerOptimizer"] = {"name": extra}
     return section

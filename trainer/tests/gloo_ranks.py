@@ -42,15 +42,18 @@ from cohort.trainer.workloads.workload import build_workload
 
 
 def job_spec(sync: str = "allreduce", method: str = "none", topology: str = "ring", period: int = 1,
-             outer: dict[str, Any] | None = None, warmup: int = 10, fragments: int = 1, **compression: Any) -> Any:
+             outer: dict[str, Any] | None = None, warmup: int = 10, fragments: int = 1, overlap: int = 0,
+             mixing: float = 0.0, **compression: Any) -> Any:
     """A defaulted spec (the trainer's own config view) with the given sync (``warmup``: local SGD's
-    synchronous steps; ``fragments``: its rounds' slices) and compression."""
+    synchronous steps; ``fragments``: its rounds' slices; ``overlap`` and ``mixing``: their overlap) and
+    compression."""
     # dgc and signum keep the momentum themselves: admission requires the optimizer's to be 0.
     workload = {**WORKLOAD, "optimizer": {"momentum": 0.0}} if method in OWN_MOMENTUM else dict(WORKLOAD)
     manifest = {"apiVersion": "cohort.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "t"},
                 "spec": {"workload": workload,
                          "sync": {"algorithm": sync, "topology": topology, "period": period,
-                                  "warmupSteps": warmup, "outerOptimizer": outer or {}, "fragments": fragments},
+                                  "warmupSteps": warmup, "outerOptimizer": outer or {}, "fragments": fragments,
+                                  "overlapSteps": overlap, "mixing": mixing},
                          "compression": {"method": method, **compression}}}
     return from_manifest(manifest).spec
 

@@ -50,6 +50,12 @@ def test_defaults_come_from_the_api_models():
     ({"sync": {"algorithm": "gossip", "period": 4, "fragments": 2}}, "spec.sync.fragments"),  # needs localsgd
     ({"sync": {"algorithm": "localsgd", "period": 4, "fragments": 5}}, "spec.sync.fragments"),  # > period
     ({"sync": {"algorithm": "localsgd", "period": 4, "fragments": 0}}, "spec.sync.fragments"),
+    ({"sync": {"algorithm": "allreduce", "overlapSteps": 1}}, "spec.sync.overlapSteps"),  # needs localsgd
+    # one round in flight at a time: overlapSteps < floor(period / fragments) = 2
+    ({"sync": {"algorithm": "localsgd", "period": 9, "fragments": 4, "overlapSteps": 2}}, "spec.sync.overlapSteps"),
+    ({"sync": {"algorithm": "localsgd", "overlapSteps": -1}}, "spec.sync.overlapSteps"),
+    ({"sync": {"algorithm": "gossip", "period": 4, "mixing": 0.5}}, "spec.sync.mixing"),  # needs localsgd
+    ({"sync": {"algorithm": "localsgd", "mixing": 1.5}}, "spec.sync.mixing"),
     ({"podTemplate": {"spec": {"containers": [{"name": "trainer", "imagePullPolicy": None}]}}},
      "spec.podTemplate.spec.containers[0].imagePullPolicy"),  # the API server refuses a null enum value
 ])

@@ -72,6 +72,11 @@ def api_table() -> list[tuple[str, dict[str, Any]]]:
         # steps 10 to 14: the first averages the whole model, then the two fragments take turns).
         case("data-localsgd-diloco-fragments", steps=14, sync={"algorithm": "localsgd", "period": 2,
                                                                "outerOptimizer": {"name": "nesterov"}, "fragments": 2}),
+        # ... and with its overlap: each round's allreduce left running on the device for a step, then mixed in
+        # (sent after steps 10, 12, 14, 16, applied a step later; the last still in flight when training ends).
+        case("data-localsgd-diloco-overlap", steps=16, sync={"algorithm": "localsgd", "period": 4, "fragments": 2,
+                                                             "outerOptimizer": {"name": "nesterov"},
+                                                             "overlapSteps": 1, "mixing": 0.25}),
     ]
     return cases
 

@@ -745,6 +745,103 @@ def test_localsgd_fragments_average_one_slice_per_round_and_step_its_slice_of_th
             theta[lo:hi] = a[0][lo:hi]
 
 
+# (outer optimizer, averaging dtype, mixing, the step before which the world changes or None)
+OVERLAP_CASES = [("none", "none", 0.0, None), ("nesterov", "none", 0.25, None), ("nesterov", "bf16", 0.0, None),
+                 ("none", "bf16", 0.25, None), ("nesterov", "none", 0.0, 4)]
+
+
+def _overlap(rank: int, world: int) -> dict:
+    """Local SGD in 2 fragments with overlap 1 (warm-up 2, period 4: rounds sent after steps 2, 4, 6, 8, 10 and
+    applied one step later): every rank's parameters before and after each step's exchange, the bytes it sent,
+    the outer state's round, and the steps at which the commit gate was asked. With a world change the Sync is
+    built again (on the carried state) after step 4, while that step's round is in flight."""
+    out = {}
+    for name, method, mixing, change in OVERLAP_CASES:
+        spec = job_spec(sync="localsgd", method=method, period=4, outer={**OUTER, "name": name}, warmup=2,
+                        fragments=2, overlap=1, mixing=mixing)
+        torch.manual_seed(0)
+        model = MLP(INFO)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        carried = carried_state(spec, model)
+        record: dict = {"before": [], "after": [], "sent": [], "round": [], "gate": []}
+        worlds: list = []
+        for step in range(10):
+            if step == 0 or step == change:
+                ctx = SyncContext(rank, world, spec, CommStats(), carried=carried,
+                                  check_gate=lambda r=record: r["gate"].append(len(r["sent"]) + 1))
+                sync = LocalSGDSync(ctx)
+                worlds.append((sync, sync.wrap(model), ctx))
+            sync, ddp, ctx = worlds[-1]
+            b, a, n = _step_and_exchange(rank, world, step, ddp, opt, sync, ctx.stats)
+            for key, value in (("before", b), ("after", a), ("sent", n),
+                               ("round", int(carried["round"]) if carried else None)):
+                record[key].append(value)
+        out[(name, method, mixing, change)] = record
+    return out
+
+
+def test_localsgd_overlap_applies_each_round_a_step_later_mixed_with_the_local_slice():
+    """Streaming DiLoCo's overlap (sync.overlapSteps 1, fragments 2, period 4, warm-up 2; 2 ranks). Each round
+    is sent after its step (2, 4, 6, 8, 10; its bytes counted then) while the parameters and θ stay as they are;
+    one step later, after the next local step, the commit gate is asked and the round's slice becomes
+    (1 - mixing) x the round's result + mixing x the rank's slice now; the rest stays the rank's own. The result
+    is the average of the slice as it was sent (plain), or an independent replay of Nesterov on that slice of θ
+    (1e-6; bf16 within 5 %). A round in flight when the world changes (after step 4) is dropped: nothing applied
+    after step 5, θ still the round of step 2's, and the new world goes on from it."""
+    ranks = run_ranks(_overlap, 2)
+    n = N_PARAMS
+    halves = [(0, n // 2), (n // 2, n)]
+    lr, mu = OUTER["lr"], OUTER["momentum"]
+    for (name, method, mixing, change), got in ranks[0].items():
+        case = (name, method, mixing, change)
+        theta, buf, started, flight = None, torch.zeros(n), False, None
+        applied = []
+        for i in range(10):
+            step, b, a = i + 1, got["before"][i], got["after"][i]
+            if flight is not None and step == flight[0] + 1 and change != step - 1:
+                sent_at, lo, hi, average = flight
+                flight = None
+                applied.append(step)
+                for r in range(2):  # outside the round's slice the parameters are the rank's own
+                    assert torch.equal(a[r][:lo], b[r][:lo]) and torch.equal(a[r][hi:], b[r][hi:]), (case, step)
+                if name == "none" or theta is None:
+                    result = average
+                    if name != "none":
+                        theta = average.clone()
+                else:
+                    g = theta[lo:hi] - average
+                    buf[lo:hi] = buf[lo:hi] * mu + g
+                    result = theta[lo:hi] - lr * g.add(buf[lo:hi], alpha=mu)
+                    theta[lo:hi] = result
+                for r in range(2):
+                    expected = torch.lerp(result, b[r][lo:hi], mixing)
+                    if method == "none" or (lo, hi) == (0, n):
+                        torch.testing.assert_close(a[r][lo:hi], expected, atol=1e-6, rtol=0)
+                    else:
+                        off, length = (a[r][lo:hi] - expected).norm(), (b[r][lo:hi] - expected).norm()
+                        assert off < 0.05 * length, (case, step, float(off), float(length))
+                assert mixing or torch.equal(a[0][lo:hi], a[1][lo:hi]), (case, step)
+                if name != "none":
+                    assert got["round"][i] == sent_at, (case, step, got["round"][i])
+            else:
+                assert torch.equal(a, b), (case, step)  # nothing applied at a send step or between rounds
+            if step >= 2 and (step - 2) % 2 == 0:  # a round is sent after this step
+                whole = not started and (name != "none" or method != "none")
+                lo, hi = (0, n) if whole else halves[((step - 2) // 2) % 2]
+                bpe = 4 if not started or method == "none" else 2
+                started = True
+                assert got["sent"][i] == ring_allreduce_bytes(bpe * (hi - lo), 2), (case, step, got["sent"][i])
+                flight = (step, lo, hi, a[:, lo:hi].mean(0))
+                if name != "none" and i > 0:
+                    assert got["round"][i] == got["round"][i - 1], (case, step)  # θ waits for the round
+            else:
+                assert got["sent"][i] == 0, (case, step)
+        expected_applied = [3, 7, 9] if change == 4 else [3, 5, 7, 9]
+        assert applied == expected_applied and got["gate"] == expected_applied, (case, applied, got["gate"])
+        if change == 4:
+            assert got["round"][4] == 2  # the round of step 4 never reached θ
+
+
 def _failed_round(rank: int, world: int) -> dict:
     """DiLoCo, rounds after steps 2, 4, 6. The round after step 4 completes on rank 0 but the commit gate's check
     fails on rank 1 (fault-injected: on NCCL a failure is reported after the collective, its result perhaps half

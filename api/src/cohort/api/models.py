@@ -283,6 +283,18 @@ class Sync:
              message="spec.sync.fragments must be at most spec.sync.period (each fragment's round takes a step of "
                      "its own within the period)",
              check=lambda s: s.fragments <= s.period, field_path=".fragments"),
+        Rule(cel="self.overlapSteps == 0 || self.algorithm == 'localsgd'",
+             message="spec.sync.overlapSteps > 0 needs spec.sync.algorithm localsgd (it delays local SGD's "
+                     "averaging rounds)",
+             check=lambda s: s.overlap_steps == 0 or s.algorithm == "localsgd", field_path=".overlapSteps"),
+        Rule(cel="self.overlapSteps < self.period / self.fragments",
+             message="spec.sync.overlapSteps must be less than spec.sync.period / spec.sync.fragments (rounded "
+                     "down): a round is applied before the next one is sent, one round in flight at a time",
+             check=lambda s: s.overlap_steps < s.period // s.fragments, field_path=".overlapSteps"),
+        Rule(cel="self.mixing == 0.0 || self.algorithm == 'localsgd'",
+             message="spec.sync.mixing > 0 needs spec.sync.algorithm localsgd (it mixes local SGD's rounds "
+                     "into the local parameters)",
+             check=lambda s: s.mixing == 0 or s.algorithm == "localsgd", field_path=".mixing"),
     )
 
     algorithm: SyncAlgorithm = field("allreduce", doc="allreduce (DDP), gossip (decentralised) or localsgd (periodic averaging).")
@@ -300,6 +312,18 @@ class Sync:
                                "period / F into each period, so each slice is still averaged once per period and a "
                                "round sends 1/F of the model. A world's first round averages all of them. At most "
                                "spec.sync.period.")
+    overlap_steps: int = field(0, minimum=0,
+                               doc="localsgd: inner steps a round's allreduce runs behind training before the "
+                                   "parameters take its result (Streaming DiLoCo's overlap, tau): the round's slice "
+                                   "is sent at its step and applied this many steps later, so its communication "
+                                   "hides behind as many steps of compute. 0 waits for it at once. Less than "
+                                   "spec.sync.period / spec.sync.fragments (one round in flight at a time). A round "
+                                   "still in flight at a world change or at the end of training is dropped.")
+    mixing: float = field(0.0, minimum=0, maximum=1,
+                          doc="localsgd: the share of the rank's own parameters a round's slice keeps when the "
+                              "round is applied (Streaming DiLoCo's alpha): slice = (1 - mixing) x the round's "
+                              "result + mixing x the local slice. 0 takes the round's result, the replicas' slice "
+                              "then identical, and drops the local progress of the overlapSteps in between.")
 
 
 @dataclass

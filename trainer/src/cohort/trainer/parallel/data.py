@@ -38,4 +38,6 @@ class DataParallel(Plan):
         outer = sync.outer_optimizer.name if sync.algorithm == "localsgd" else "none"
         return (f"data dp={self.dp_size} sync={sync.algorithm}" + (f" outer={outer}" if outer != "none" else "")
                 + (f" fragments={sync.fragments}" if sync.fragments > 1 else "")
+                + (f" overlap={sync.overlap_steps}" if sync.overlap_steps else "")
+                + (f" mixing={sync.mixing:g}" if sync.mixing else "")
                 + (f" compression={c}" if c != "none" else ""))

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -126,18 +127,35 @@ def fragment_bounds(numel: int, fragments: int) -> list[tuple[int, int]]:
     return list(zip(cuts[:-1], cuts[1:], strict=True))
 
 
+@dataclass
+class _Round:
+    """A round sent and not yet applied: its step, its slice of the flat vector, what travels (the slice over
+    the world size; ``delta``: in 16 bits, the change since the reference), the allreduce's handle, and the step
+    at which the parameters take it."""
+
+    step: int
+    bounds: tuple[int, int]
+    sent: torch.Tensor
+    delta: bool
+    work: Any
+    due: int
+
+
 class CastPeriodicAverager(PeriodicModelAverager):
     """torch's PeriodicModelAverager, with the averaged quantity optionally cast to 16 bits, an outer step, the
-    commit gate's check before the parameters take a round's result, and fragments (Streaming DiLoCo's schedule:
-    fragment f's round at the step f x period / F into each period)."""
+    commit gate's check before the parameters take a round's result, fragments (Streaming DiLoCo's schedule:
+    fragment f's round at the step f x period / F into each period), and its overlap: a round's allreduce
+    sent at its step and applied ``overlap`` steps later, mixed with the local slice by ``mixing``."""
 
     def __init__(self, period: int, warmup_steps: int, group: dist.ProcessGroup | None, ctx: SyncContext,
-                 dtype: torch.dtype | None, outer: OuterStep | None = None, fragments: int = 1):
+                 dtype: torch.dtype | None, outer: OuterStep | None = None, fragments: int = 1,
+                 overlap: int = 0, mixing: float = 0.0):
         super().__init__(period=period, warmup_steps=warmup_steps, process_group=group)
         self.ctx, self.dtype, self.outer = ctx, dtype, outer
         self.last: torch.Tensor | None = None  # without an outer step: the last round's average
         self.offsets = {f * period // fragments: f for f in range(fragments)}  # step into the period -> fragment
-        self.fragments = fragments
+        self.fragments, self.overlap, self.mixing = fragments, overlap, mixing
+        self.pending: _Round | None = None  # sent, not yet applied (dropped with this world)
 
     @property
     def reference(self) -> torch.Tensor | None:
@@ -148,35 +166,54 @@ class CastPeriodicAverager(PeriodicModelAverager):
         params = list(params)
         since = self.step - self.warmup_steps
         fragment = self.offsets.get(since % self.period) if since >= 0 else None
-        if fragment is None:
-            self.step += 1
-            return
-        # torch's average_parameters, but checked by the commit gate before the parameters take the result.
+        if fragment is not None:
+            assert self.pending is None, "admission keeps overlap below period / fragments"
+            self.pending = self._send(params, fragment)
+        if self.pending is not None and self.pending.due == self.step:
+            round_, self.pending = self.pending, None
+            self._apply(params, round_)
+        self.step += 1
+
+    def _send(self, params: list[torch.Tensor], fragment: int) -> _Round:
+        """Start this step's round: its slice of the parameters, averaged by an allreduce left running."""
         x = parameters_to_vector(params).detach()
         n, world = x.numel(), self.ctx.world_size
         reference = self.reference
         needs_reference = self.outer is not None or self.dtype is not None
         # Without an agreed reference (a world's first round with one in use) every fragment is averaged.
         a, b = (0, n) if needs_reference and reference is None else fragment_bounds(n, self.fragments)[fragment]
-        part = x[a:b]
-        if reference is None or self.dtype is None:  # no agreed reference yet: the average is fp32
+        if reference is None or self.dtype is None:  # no agreed reference yet, or none needed: the average is fp32
             self.ctx.stats.record(ring_allreduce_bytes(4 * (b - a), world), 4 * (b - a), 4 * (b - a))
-            dist.all_reduce(part.div_(world), group=self.process_group)
+            sent, delta = x[a:b].div_(world), False
         else:
-            delta = (part - reference[a:b]).div_(world).to(self.dtype)
             self.ctx.stats.record(ring_allreduce_bytes(2 * (b - a), world), 2 * (b - a), 4 * (b - a))
-            dist.all_reduce(delta, group=self.process_group)
-            part.copy_(reference[a:b] + delta.float())
-        self.ctx.check_gate()  # a failed round changes nothing: neither the parameters nor θ
+            sent, delta = (x[a:b] - reference[a:b]).div_(world).to(self.dtype), True
+        work = dist.all_reduce(sent, group=self.process_group, async_op=True)
+        return _Round(self.step, (a, b), sent, delta, work, self.step + self.overlap)
+
+    def _apply(self, params: list[torch.Tensor], round_: _Round) -> None:
+        """The parameters take a finished round, once the commit gate's check passes: a failed round changes
+        nothing, neither the parameters nor θ (on NCCL its result may be half written)."""
+        round_.work.wait()
+        a, b = round_.bounds
+        reference = self.reference  # unchanged since the round was sent: one round in flight at a time
+        average = reference[a:b] + round_.sent.float() if round_.delta and reference is not None else round_.sent
+        self.ctx.check_gate()
         if self.outer is not None:
-            part.copy_(self.outer(part, self.step, (a, b)))  # x is the parameters' copy: θ stays apart
-        elif self.dtype is not None:
-            if self.last is None:
-                self.last = x.clone()
-            else:
-                self.last[a:b] = part
+            result = self.outer(average, round_.step, (a, b))  # θ's slice, apart from the parameters
+        else:
+            result = average
+            if self.dtype is not None:
+                if self.last is None:  # the first round averaged the whole vector
+                    self.last = average.clone()
+                else:
+                    self.last[a:b] = average
+        x = parameters_to_vector(params).detach()
+        if self.mixing:
+            x[a:b] = torch.lerp(result, x[a:b], self.mixing)
+        else:
+            x[a:b] = result
         vector_to_parameters(x, params)
-        self.step += 1
 
 
 class LocalSGDSync(Sync):
@@ -204,7 +241,8 @@ class LocalSGDSync(Sync):
         ddp.register_comm_hook(self.hook_state, timed_hook(self._hook(), self.ctx.stats))
         self.averager = CastPeriodicAverager(max(1, int(self.ctx.spec.sync.period)), self.warmup_steps,
                                              self.ctx.group, self.ctx, self.dtype, self._outer_step(model),
-                                             self.ctx.spec.sync.fragments)
+                                             self.ctx.spec.sync.fragments, self.ctx.spec.sync.overlap_steps,
+                                             self.ctx.spec.sync.mixing)
         return ddp
 
     def _outer_step(self, model: nn.Module) -> OuterStep | None:
