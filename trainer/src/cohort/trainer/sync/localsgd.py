@@ -44,7 +44,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as plsgd
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import parameters_to_vector
 
 from cohort.api.models import OuterOptimizer, TrainingJobSpec
 
@@ -121,6 +121,20 @@ class OuterStep:
         return self.carried["params"][part[0]:part[1]]
 
 
+def slice_views(params: list[torch.Tensor], a: int, b: int) -> list[torch.Tensor]:
+    """Flat views of entries a..b of the parameters' flat concatenation (parameters_to_vector's order): a round
+    reads and writes its slice through them, without copying the rest of the model."""
+    views, start = [], 0
+    for p in params:
+        end = start + p.numel()
+        if start < b and end > a:
+            views.append(p.detach().view(-1)[max(a, start) - start:min(b, end) - start])
+        if end >= b:
+            break
+        start = end
+    return views
+
+
 def fragment_bounds(numel: int, fragments: int) -> list[tuple[int, int]]:
     """``fragments`` contiguous slices of a flat vector of ``numel`` entries, equal to within one entry."""
     cuts = [f * numel // fragments for f in range(fragments + 1)]
@@ -176,18 +190,18 @@ class CastPeriodicAverager(PeriodicModelAverager):
 
     def _send(self, params: list[torch.Tensor], fragment: int) -> _Round:
         """Start this step's round: its slice of the parameters, averaged by an allreduce left running."""
-        x = parameters_to_vector(params).detach()
-        n, world = x.numel(), self.ctx.world_size
+        n, world = sum(p.numel() for p in params), self.ctx.world_size
         reference = self.reference
         needs_reference = self.outer is not None or self.dtype is not None
         # Without an agreed reference (a world's first round with one in use) every fragment is averaged.
         a, b = (0, n) if needs_reference and reference is None else fragment_bounds(n, self.fragments)[fragment]
+        x = torch.cat(slice_views(params, a, b))  # a copy: the parameters train on while it travels
         if reference is None or self.dtype is None:  # no agreed reference yet, or none needed: the average is fp32
             self.ctx.stats.record(ring_allreduce_bytes(4 * (b - a), world), 4 * (b - a), 4 * (b - a))
-            sent, delta = x[a:b].div_(world), False
+            sent, delta = x.div_(world), False
         else:
             self.ctx.stats.record(ring_allreduce_bytes(2 * (b - a), world), 2 * (b - a), 4 * (b - a))
-            sent, delta = (x[a:b] - reference[a:b]).div_(world).to(self.dtype), True
+            sent, delta = (x - reference[a:b]).div_(world).to(self.dtype), True
         work = dist.all_reduce(sent, group=self.process_group, async_op=True)
         return _Round(self.step, (a, b), sent, delta, work, self.step + self.overlap)
 
@@ -208,12 +222,11 @@ class CastPeriodicAverager(PeriodicModelAverager):
                     self.last = average.clone()
                 else:
                     self.last[a:b] = average
-        x = parameters_to_vector(params).detach()
+        views = slice_views(params, a, b)
         if self.mixing:
-            x[a:b] = torch.lerp(result, x[a:b], self.mixing)
-        else:
-            x[a:b] = result
-        vector_to_parameters(x, params)
+            result = torch.lerp(result, torch.cat(views), self.mixing)
+        for view, value in zip(views, torch.split(result, [v.numel() for v in views]), strict=True):
+            view.copy_(value)
 
 
 class LocalSGDSync(Sync):
