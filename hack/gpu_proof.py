@@ -1020,6 +1020,9 @@ def phase_features(ph: Phase) -> None:
         ("gossip", {"sync": {"algorithm": "gossip", "topology": "ring", "period": 1}}),
         ("fsdp", {"parallelism": {"strategy": "fsdp"}}),
         ("topk", {"sync": {"algorithm": "allreduce"}, "compression": {"method": "topk", "ratio": 0.01}}),
+        # Streaming DiLoCo with its overlap: each round's allreduce left running on NCCL's stream for a step
+        ("diloco-overlap", {"sync": {"algorithm": "localsgd", "period": 8, "warmupSteps": 4, "fragments": 2,
+                                     "overlapSteps": 1, "outerOptimizer": {"name": "nesterov"}}}),
     ]
     steps = 20 if ph.smoke else 40
     out: dict[str, Any] = {}
