@@ -86,6 +86,12 @@ _m = manifest("localsgd", "none")
 _m["spec"]["sync"] = {"algorithm": "localsgd", "period": OUTER_PERIOD, "outerOptimizer": {"name": "nesterov"},
                       "fragments": FRAGMENTS}
 DIGITS_CASES.append((f"localsgd-{OUTER_PERIOD}-outer-nesterov-fragments-{FRAGMENTS}", _m))
+# ... and with Streaming DiLoCo's overlap: each round's allreduce runs behind the next OVERLAP steps, applied then.
+OVERLAP = 2
+_m = manifest("localsgd", "none")
+_m["spec"]["sync"] = {"algorithm": "localsgd", "period": OUTER_PERIOD, "outerOptimizer": {"name": "nesterov"},
+                      "fragments": FRAGMENTS, "overlapSteps": OVERLAP}
+DIGITS_CASES.append((f"localsgd-{OUTER_PERIOD}-outer-nesterov-fragments-{FRAGMENTS}-overlap-{OVERLAP}", _m))
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +140,17 @@ def test_localsgd_with_diloco_in_fragments_reaches_target_accuracy(results):
     assert summary["step"] == 330, summary
     assert f"fragments={FRAGMENTS}" in summary["plan"] and "fragments" not in whole["plan"], (summary, whole)
     assert summary["eval_loss"] != whole["eval_loss"], (summary, whole)
+
+
+def test_localsgd_with_diloco_in_fragments_and_overlap_reaches_target_accuracy(results):
+    """The overlap took part (the plan names it, and training went elsewhere than the blocking fragments' at the
+    same period) and the job still reaches the bar."""
+    summary = results[f"localsgd-{OUTER_PERIOD}-outer-nesterov-fragments-{FRAGMENTS}-overlap-{OVERLAP}"]
+    blocking = results[f"localsgd-{OUTER_PERIOD}-outer-nesterov-fragments-{FRAGMENTS}"]
+    assert summary.get("accuracy") is not None and summary["accuracy"] >= 0.94, summary
+    assert summary["step"] == 330, summary
+    assert f"overlap={OVERLAP}" in summary["plan"] and "overlap" not in blocking["plan"], (summary, blocking)
+    assert summary["eval_loss"] != blocking["eval_loss"], (summary, blocking)
 
 
 # The control that shows a bar means something: without communication each worker trains alone.
