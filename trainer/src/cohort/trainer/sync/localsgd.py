@@ -24,6 +24,10 @@ so the first round after a world change or a restart is an outer step that goes 
 momentum. A new world checks that its members hold the same round before using it (else that
 round is a plain average and the momentum starts again).
 
+``sync.fragments`` and ``sync.overlapSteps`` are Streaming DiLoCo's (Douillard et al. 2025): each round
+averages one of F slices of the flat parameter vector, and its allreduce may run behind the next inner steps
+(``async_op``), the parameters taking it ``overlapSteps`` later, mixed with the local slice by ``sync.mixing``.
+
 fp16/bf16 apply to both exchanges: the warm-up gradients (torch's
 ``fp16_compress_wrapper``; a cast wrapper of Cohort's for bf16, which torch
 limits to NCCL) and the averaging, which sends the change since the previous
