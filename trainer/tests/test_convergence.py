@@ -121,36 +121,36 @@ def test_topk_collective_reaches_target_accuracy(collective, results):
     assert summary["step"] == 330, summary
 
 
+def _took_part_and_reaches_the_bar(summary: dict[str, Any], control: dict[str, Any], named: str, word: str) -> None:
+    """A local-SGD variant reaches the bar over the full budget, its plan names it (``named``; the control's
+    plan has no ``word``), and its final loss differs from the control's: the setting took part."""
+    assert summary.get("accuracy") is not None and summary["accuracy"] >= 0.94, summary
+    assert summary["step"] == 330, summary
+    assert named in summary["plan"] and word not in control["plan"], (summary, control)
+    assert summary["eval_loss"] != control["eval_loss"], (summary, control)
+
+
 def test_localsgd_with_diloco_outer_step_reaches_target_accuracy(results):
     """The outer step took part (the plan names it, and training went elsewhere than plain local SGD's at the
     same period) and the job still reaches the bar."""
-    summary, control = results[f"localsgd-{OUTER_PERIOD}-outer-nesterov"], results[f"localsgd-{OUTER_PERIOD}-outer-none"]
-    assert summary.get("accuracy") is not None and summary["accuracy"] >= 0.94, summary
-    assert summary["step"] == 330, summary
-    assert "outer=nesterov" in summary["plan"] and "outer" not in control["plan"], (summary, control)
-    assert summary["eval_loss"] != control["eval_loss"], (summary, control)
+    _took_part_and_reaches_the_bar(results[f"localsgd-{OUTER_PERIOD}-outer-nesterov"],
+                                   results[f"localsgd-{OUTER_PERIOD}-outer-none"], "outer=nesterov", "outer")
 
 
 def test_localsgd_with_diloco_in_fragments_reaches_target_accuracy(results):
     """The fragments took part (the plan names them, and training went elsewhere than whole-model DiLoCo's at the
     same period) and the job still reaches the bar."""
-    summary = results[f"localsgd-{OUTER_PERIOD}-outer-nesterov-fragments-{FRAGMENTS}"]
-    whole = results[f"localsgd-{OUTER_PERIOD}-outer-nesterov"]
-    assert summary.get("accuracy") is not None and summary["accuracy"] >= 0.94, summary
-    assert summary["step"] == 330, summary
-    assert f"fragments={FRAGMENTS}" in summary["plan"] and "fragments" not in whole["plan"], (summary, whole)
-    assert summary["eval_loss"] != whole["eval_loss"], (summary, whole)
+    _took_part_and_reaches_the_bar(results[f"localsgd-{OUTER_PERIOD}-outer-nesterov-fragments-{FRAGMENTS}"],
+                                   results[f"localsgd-{OUTER_PERIOD}-outer-nesterov"], f"fragments={FRAGMENTS}",
+                                   "fragments")
 
 
 def test_localsgd_with_diloco_in_fragments_and_overlap_reaches_target_accuracy(results):
     """The overlap took part (the plan names it, and training went elsewhere than the blocking fragments' at the
     same period) and the job still reaches the bar."""
-    summary = results[f"localsgd-{OUTER_PERIOD}-outer-nesterov-fragments-{FRAGMENTS}-overlap-{OVERLAP}"]
-    blocking = results[f"localsgd-{OUTER_PERIOD}-outer-nesterov-fragments-{FRAGMENTS}"]
-    assert summary.get("accuracy") is not None and summary["accuracy"] >= 0.94, summary
-    assert summary["step"] == 330, summary
-    assert f"overlap={OVERLAP}" in summary["plan"] and "overlap" not in blocking["plan"], (summary, blocking)
-    assert summary["eval_loss"] != blocking["eval_loss"], (summary, blocking)
+    _took_part_and_reaches_the_bar(
+        results[f"localsgd-{OUTER_PERIOD}-outer-nesterov-fragments-{FRAGMENTS}-overlap-{OVERLAP}"],
+        results[f"localsgd-{OUTER_PERIOD}-outer-nesterov-fragments-{FRAGMENTS}"], f"overlap={OVERLAP}", "overlap")
 
 
 # The control that shows a bar means something: without communication each worker trains alone.
