@@ -28,7 +28,9 @@ and an event reads the host clock (``torch.accelerator.synchronize``, which
 torch's model averager calls, is a no-op too). FSDP2 frees and re-allocates the storage
 of unsharded parameters (``_fsdp_param.free_storage``/``alloc_storage``),
 which a wrapper subclass does not have; :func:`install` points those two at
-the wrapped host tensor. Nothing else of torch is changed.
+the wrapped host tensor. Nothing else of torch is changed. Rebinding a parameter's ``.data``
+(torch's ``vector_to_parameters`` does) does not reach the wrapped tensor: the trainer writes
+parameters in place (trainer/sync/flat.py), which works on both.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ host tensors as CUDA's do. Each case runs the real Trainer on 2 gloo ranks
 for a few steps, through a checkpoint and the final evaluation, and asserts:
 
 - training finished, with its parameters and optimizer state on the device;
+- a replicated plan's ranks ended with the same parameters, bit for bit (decentralised syncs included);
 - no op mixed device and host tensors (the simulated device raises, as CUDA would);
 - every collective was issued with the same kind of tensors (device or host) on
   both ranks, in the same order: on a GPU the two kinds go to different backends
@@ -102,7 +103,9 @@ def _train_cases(rank: int, world: int, cases: list[tuple[str, dict[str, Any]]],
             placed = all(on_device(p) for p in trainer.model.parameters())
             state = [v for s in trainer.optimizer.state.values() for v in s.values()
                      if isinstance(v, torch.Tensor) and v.dim() > 0]
+            final = [p.detach().reshape(-1).to("cpu") for p in trainer.model.parameters()]
             out[name] = {"step": summary["step"], "device": summary["device"], "params_on_device": placed,
+                         "params": torch.cat(final) if trainer.plan.replicated else None,
                          "optimizer_on_device": all(on_device(v) for v in state), "collectives": list(sim.collectives),
                          "error": None}
         except Exception as e:
@@ -134,6 +137,8 @@ def test_trains_on_the_device_with_matching_collectives(results, name):
     for res in ranks:
         assert res["step"] >= 3 and res["device"] == "sim:0", res
         assert res["params_on_device"] and res["optimizer_on_device"], res
+    if ranks[0]["params"] is not None:  # replicated: training ends with one model (gossip and local SGD too)
+        assert torch.equal(ranks[0]["params"], ranks[1]["params"]), "the replicas ended as different models"
     a, b = (res["collectives"] for res in ranks)
     mismatched = [(i, x, y) for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y]
     assert len(a) == len(b) and not mismatched, \

@@ -895,6 +895,94 @@ def test_a_round_the_commit_gate_refuses_changes_nothing_and_the_next_world_star
     assert torch.equal(r0[6]["after"][0], average) and torch.equal(r0[6]["after"][1], average)
 
 
+# (outer optimizer, averaging dtype, fragments, overlap, mixing, steps trained before training ends), period 4 and
+# warm-up 2: rounds sent after steps 2 (the whole model when a reference is needed), 4, 6, ...
+FINISH_CASES = [("none", "none", 1, 0, 0.0, 5), ("none", "bf16", 1, 0, 0.0, 5), ("nesterov", "none", 1, 0, 0.0, 5),
+                ("nesterov", "none", 2, 0, 0.0, 4), ("nesterov", "none", 2, 1, 0.25, 6), ("nesterov", "none", 1, 0, 0.0, 2)]
+
+
+def _finish(rank: int, world: int) -> dict:
+    """Local SGD trained for a case's steps, then ``finish``: every rank's parameters and the outer state just
+    before and just after it, the bytes it sent, and how often it asked the commit gate."""
+    out = {}
+    for name, method, fragments, overlap, mixing, steps in FINISH_CASES:
+        spec = job_spec(sync="localsgd", method=method, period=4, outer={**OUTER, "name": name}, warmup=2,
+                        fragments=fragments, overlap=overlap, mixing=mixing)
+        torch.manual_seed(0)
+        model = MLP(INFO)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        carried = carried_state(spec, model)
+        gate: list[int] = []
+        ctx = SyncContext(rank, world, spec, CommStats(), carried=carried, check_gate=lambda g=gate: g.append(1))
+        sync = LocalSGDSync(ctx)
+        ddp = sync.wrap(model)
+        for step in range(steps):
+            _step_and_exchange(rank, world, step, ddp, opt, sync, ctx.stats)
+        record = {"before": gather(parameters_to_vector(model.parameters()).detach(), world),
+                  "carried": {k: v.clone() for k, v in carried.items()}, "pending": sync.averager.pending is not None}
+        sent, asked = ctx.stats.bytes_sent, len(gate)
+        sync.finish(ddp, steps)
+        record.update(after=gather(parameters_to_vector(model.parameters()).detach(), world),
+                      theta=carried["params"].clone() if carried else None,
+                      round=int(carried["round"]) if carried else None,
+                      sent=ctx.stats.bytes_sent - sent, gate=len(gate) - asked)
+        out[(name, method, fragments, overlap, mixing, steps)] = record
+    return out
+
+
+def _nesterov(theta: torch.Tensor, buf: torch.Tensor, average: torch.Tensor) -> torch.Tensor:
+    """torch's SGD with Nesterov momentum on θ, the gradient θ - average; updates ``buf`` in place."""
+    g = theta - average
+    buf.mul_(OUTER["momentum"]).add_(g)
+    return theta - OUTER["lr"] * g.add(buf, alpha=OUTER["momentum"])
+
+
+def test_localsgd_finishes_as_one_model_with_the_round_the_schedule_would_take_next():
+    """When training ends (``finish``, 2 ranks, period 4, warm-up 2) the replicas become one model, bit for bit:
+    the plain average of their parameters (exact in fp32; near it when the round sends its 16-bit change), or
+    Nesterov's outer step on θ by that average, as the next round would have taken it. A fragment whose round
+    was just applied is left as it is, θ included (4 steps, 2 fragments: only the first half takes a round, not
+    a second momentum step on the other). A round in flight (overlap 1, sent after step 6) is applied first,
+    mixed as usual, then both halves take an unmixed round. Within the warm-up (2 steps) nothing is sent."""
+    ranks = run_ranks(_finish, 2)
+    n, h = N_PARAMS, N_PARAMS // 2
+    for case, got in ranks[0].items():
+        name, method, fragments, overlap, mixing, steps = case
+        b, a = got["before"], got["after"]
+        assert torch.equal(a[0], a[1]), case  # one model
+        if steps <= 2:  # the warm-up's allreduced gradients: identical already, nothing sent
+            assert torch.equal(a, b) and got["sent"] == 0 and got["gate"] == 0, case
+            continue
+        assert not torch.equal(b[0], b[1]), case  # the replicas had trained apart
+        if name == "none":
+            assert got["sent"] == ring_allreduce_bytes((4 if method == "none" else 2) * n, 2), (case, got["sent"])
+            if method == "none":
+                assert torch.equal(a[0], b.mean(0)), case
+            else:  # the change since the last round's average, in 16 bits
+                off, moved = (a[0] - b.mean(0)).norm(), (b[0] - b.mean(0)).norm()
+                assert off < 0.05 * moved, (case, float(off), float(moved))
+            continue
+        theta, buf = got["carried"]["params"].clone(), got["carried"]["momentum"].clone()
+        if fragments == 1:
+            theta = _nesterov(theta, buf, b.mean(0))
+            rounds = 1
+        elif not overlap:  # the second half's round was applied after step 4: only the first half moved
+            assert torch.equal(b[0][h:], theta[h:]) and torch.equal(b[1][h:], theta[h:]), case
+            theta[:h] = _nesterov(theta[:h], buf[:h], b[:, :h].mean(0))
+            assert torch.equal(a[0][h:], b[0][h:]) and torch.equal(got["theta"][h:], got["carried"]["params"][h:])
+            rounds = 1
+        else:  # the first half's round of step 6 in flight: applied (and mixed), then a round of each half
+            assert got["pending"], case
+            theta[:h] = _nesterov(theta[:h], buf[:h], b[:, :h].mean(0))
+            mixed = torch.lerp(theta[:h], b[:, :h], mixing)
+            theta[:h] = _nesterov(theta[:h], buf[:h], mixed.mean(0))
+            theta[h:] = _nesterov(theta[h:], buf[h:], b[:, h:].mean(0))
+            rounds = 3
+        torch.testing.assert_close(a[0], theta, atol=1e-6, rtol=0)
+        assert torch.equal(got["theta"], a[0]) and got["round"] == steps, case
+        assert got["gate"] == rounds, (case, got["gate"])
+
+
 # --- gossip ------------------------------------------------------------------------------
 
 def _disagreement(model: torch.nn.Module, world: int) -> tuple[float, torch.Tensor]:
@@ -1015,6 +1103,42 @@ def test_a_gossip_round_the_commit_gate_refuses_leaves_the_parameters():
     r0, r1 = run_ranks(_refused_gossip_round, 2)
     assert "discarded" not in r0 and "injected" in r1["discarded"], r1
     assert [r0[s] for s in (1, 2, 3)] == [True, True, True] and [r1[s] for s in (1, 2, 3)] == [True, True, False]
+
+
+def _gossip_finish(rank: int, world: int) -> dict:
+    """Plain and top-k gossip trained 6 steps apart (each rank its own batches), then ``finish``."""
+    out = {}
+    for method in ("none", "topk"):
+        gate: list[int] = []
+        sync = GossipSync(SyncContext(rank, world, job_spec(sync="gossip", method=method, ratio=0.1), CommStats(),
+                                      check_gate=lambda g=gate: g.append(1)))
+        torch.manual_seed(rank)
+        model = sync.wrap(MLP(INFO))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(1, 7):
+            opt.zero_grad()
+            x, y = batch(rank, step)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            sync.after_step(model, step)
+        evaluated = parameters_to_vector(sync.eval_model(model).parameters()).detach().clone()
+        asked = len(gate)
+        sync.finish(model, 6)
+        out[method] = {"evaluated": evaluated, "gate": len(gate) - asked, "same": sync.eval_model(model) is model,
+                       "after": gather(parameters_to_vector(model.parameters()).detach(), world)}
+    return out
+
+
+def test_gossip_finishes_as_the_model_its_evaluation_measured():
+    """When training ends (``finish``, 3 ranks on a ring) every replica takes the replicas' average, once the commit
+    gate's check passes: the model the final evaluation measures (an evaluation before it sees the same average)
+    and the one rank 0's checkpoint then holds. The evaluation after it uses the parameters themselves."""
+    ranks = run_ranks(_gossip_finish, 3)
+    for method, got in ranks[0].items():
+        after = got["after"]
+        assert torch.equal(after[0], after[1]) and torch.equal(after[0], after[2]), method
+        assert torch.equal(after[0], got["evaluated"]), method
+        assert all(r[method]["gate"] == 1 and r[method]["same"] for r in ranks), method
 
 
 def _straggler(rank: int, world: int) -> dict:

@@ -138,8 +138,8 @@ def test_diloco_outer_state_goes_on_through_a_lost_worker_and_a_restart(tmp_path
     """Local SGD every 4 steps (rounds after steps 10, 14, 18, ...) with DiLoCo's outer step. Rank 1 dies
     at step 16: the survivor and the promoted spare (a newcomer, handed the state by the survivor) continue
     the outer step from the round of step 14, momentum included, instead of starting it again. The job
-    ends at step 40 with a checkpoint; a second run from it to step 60 continues from the round of step 38,
-    which the checkpoint holds."""
+    ends at step 40 with the round the end of training takes (steps 39 and 40 trained since the round of 38)
+    and a checkpoint; a second run from it to step 60 continues from that round, which the checkpoint holds."""
     sync = {"algorithm": "localsgd", "period": 4, "outerOptimizer": {"name": "nesterov"}}
     m = manifest("diloco", sync=sync, replicas={"spares": 1}, workload={"epochs": 0, "maxSteps": 40},
                  checkpoint={"everySteps": 20})
@@ -156,7 +156,7 @@ def test_diloco_outer_state_goes_on_through_a_lost_worker_and_a_restart(tmp_path
     m["spec"]["workload"]["maxSteps"] = 60
     s = run_local(tmp_path / "b", m, workers=2, ckpt=ck)
     assert s["step"] == 60, s
-    assert continued(tmp_path / "b") == {"diloco-worker-0": [38], "diloco-worker-1": [38]}, continued(tmp_path / "b")
+    assert continued(tmp_path / "b") == {"diloco-worker-0": [40], "diloco-worker-1": [40]}, continued(tmp_path / "b")
 
 
 def test_bad_inputs_exit_2_naming_the_field_or_module(tmp_path):

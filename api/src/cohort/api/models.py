@@ -299,7 +299,10 @@ class Sync:
 
     algorithm: SyncAlgorithm = field("allreduce", doc="allreduce (DDP), gossip (decentralised) or localsgd (periodic averaging).")
     topology: Topology = field("ring", doc="Gossip topology: ring, exponential (peers at 2^k) or random (seeded pairs).")
-    period: int = field(1, minimum=1, doc="Steps between gossip or local-SGD averaging rounds.")
+    period: int = field(1, minimum=1, doc="Steps between gossip or local-SGD averaging rounds. When training "
+                                         "ends the replicas become one model at once (gossip: their average; "
+                                         "localsgd: the next round, outer step included), the one the final "
+                                         "evaluation measures and the final checkpoint holds.")
     warmup_steps: int = field(10, minimum=0,
                               doc="localsgd: steps of fully synchronous SGD (the gradients allreduced every step) "
                                   "before the local steps and averaging rounds begin (post-local SGD's switch "
@@ -318,7 +321,8 @@ class Sync:
                                    "is sent at its step and applied this many steps later, so its communication "
                                    "hides behind as many steps of compute. 0 waits for it at once. Less than "
                                    "spec.sync.period / spec.sync.fragments (one round in flight at a time). A round "
-                                   "still in flight at a world change or at the end of training is dropped.")
+                                   "still in flight at a world change is dropped; at the end of training it is "
+                                   "applied.")
     mixing: float = field(0.0, minimum=0, maximum=1,
                           doc="localsgd: the share of the rank's own parameters a round's slice keeps when the "
                               "round is applied (Streaming DiLoCo's alpha): slice = (1 - mixing) x the round's "

@@ -343,6 +343,12 @@ class Trainer:
             return True
         return w.epochs > 0 and self.sampler.epoch >= w.epochs and w.max_steps <= 0
 
+    def _last_step_taken(self, size: int) -> bool:
+        """The step just taken is the job's last: its step budget reached, or the last epoch's batches taken."""
+        w = self.spec.workload
+        return self._done() or (w.max_steps <= 0 and 0 < w.epochs <= self.sampler.epoch + 1
+                                and self.sampler.epoch_done(size))
+
     def _train(self, world: World) -> None:
         assert self.plan is not None
         size = self.plan.dp_size
@@ -376,10 +382,11 @@ class Trainer:
             self._warn_near_timeout()
             self._due_after_a_wait()
             every = self.spec.workload.eval_every_steps
-            evaluated = bool(every and self.state.step % every == 0 and not self._done())  # the final one follows
+            last = self._last_step_taken(size)  # the final evaluation and checkpoint follow, after plan.finish
+            evaluated = bool(every and self.state.step % every == 0 and not last)
             if evaluated:
                 self.evaluate()
-            saved = self._maybe_checkpoint()
+            saved = not last and self._maybe_checkpoint()
             self.timeouts.after(plain=not evaluated and not saved)
             self.clock.record(self.last_wall, samples=self.sampler.global_batch(size))
 
@@ -617,8 +624,10 @@ class Trainer:
         self._due_after_a_wait()
         self.faults.before_step(self.rank, self.state.step)  # COHORT_FAULT_KILL at the last step fires here
         self.ledger.switch("finishing")
+        if self.plan is not None:  # replicas that trained apart become one: the model saved and evaluated
+            self.plan.finish(self.state.step)
+        self._maybe_checkpoint(final=True)  # before the evaluation: durable even if a peer is lost in it
         self.evaluate()
-        self._maybe_checkpoint(final=True)
         with self.ledger.during("checkpoint"):
             self.ckpt.wait()  # the last commit: blocked by a save
         summary = {"step": self.state.step, "epoch": self.sampler.epoch, "loss": self.loss_ema,

@@ -151,6 +151,9 @@ class AutoPlan(Plan):
     def after_step(self, step: int) -> None:
         self.inner.after_step(step)
 
+    def finish(self, step: int) -> None:
+        self.inner.finish(step)
+
     def eval_module(self) -> nn.Module:
         return self.inner.eval_module()
 

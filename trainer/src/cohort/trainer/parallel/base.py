@@ -98,6 +98,10 @@ class Plan(ABC):
     def after_step(self, step: int) -> None:  # noqa: B027 - optional
         """After the optimizer step (gossip and local SGD average parameters here)."""
 
+    def finish(self, step: int) -> None:  # noqa: B027 - optional
+        """Training ended after ``step`` on every rank (a collective): the replicas become one model before the
+        final evaluation and checkpoint (data parallelism's sync)."""
+
     def eval_module(self) -> nn.Module:
         assert self.module is not None
         return self.module

@@ -29,6 +29,10 @@ class DataParallel(Plan):
         assert self.module is not None
         self.sync.after_step(self.module, step)
 
+    def finish(self, step: int) -> None:
+        assert self.module is not None
+        self.sync.finish(self.module, step)
+
     def eval_module(self) -> nn.Module:
         assert self.module is not None
         return self.sync.eval_model(self.module)

@@ -90,6 +90,10 @@ class Sync(ABC):
     def after_step(self, model: nn.Module, step: int) -> None:  # noqa: B027 - optional hook
         """Runs after each optimizer step (parameter averaging lives here)."""
 
+    def finish(self, model: nn.Module, step: int) -> None:  # noqa: B027 - optional hook
+        """Training ended after ``step``, on every rank at once (a collective): replicas that train apart
+        (gossip, local SGD) become one model here, so that the job's final evaluation and checkpoint are of it."""
+
     def eval_model(self, model: nn.Module) -> nn.Module:
         """The model to evaluate (gossip evaluates the replicas' average)."""
         return model

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import parameters_to_vector
 
 from cohort.api import ValidationError
 from cohort.api.models import SUPPORTED_COMPRESSION
@@ -43,6 +43,7 @@ from ..compression.registry import build_method
 from ..log import get_logger
 from . import topology
 from .base import Sync, SyncContext, ring_allreduce_bytes
+from .flat import write_flat
 from .gossip_exchange import Link, PeerExchange
 
 log = get_logger(__name__)
@@ -82,6 +83,7 @@ class GossipSync(Sync):
         self._left_at: float | None = None      # when after_step last returned
         self._computes: deque[float] = deque(maxlen=9)  # recent compute seconds per step
         self._compute_s: float | None = None            # their median
+        self.agreed = False  # finish() made every replica the average
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return model  # each rank trains on its own gradients; no DDP
@@ -97,7 +99,7 @@ class GossipSync(Sync):
             x = parameters_to_vector(model.parameters()).detach()
             self._round(self._exchange([p.numel() for p in model.parameters()], x.device), x, step)
             self.ctx.check_gate()  # refused (a failed exchange, perhaps half written): the parameters stay
-            vector_to_parameters(x, model.parameters())
+            write_flat(list(model.parameters()), x)
             self.rounds += 1
         self._left_at = time.perf_counter()
 
@@ -186,22 +188,36 @@ class GossipSync(Sync):
         x = parameters_to_vector(model.parameters()).detach()
         for link in self.exchange.drain(self.ctx.world_size):
             self._consensus(x, link)
-        vector_to_parameters(x, model.parameters())
+        write_flat(list(model.parameters()), x)
         self._left_at = None  # evaluation time is not compute time
 
-    def eval_model(self, model: nn.Module) -> nn.Module:
-        """The consensus model (the replicas' average), on a copy; training state is untouched."""
+    def _average(self, model: nn.Module) -> torch.Tensor:
+        """Collective: the replicas' average, once every exchange in flight has settled."""
         world = self.ctx.world_size
-        if world <= 1:
-            return model
         self.settle(model)
         avg = parameters_to_vector(model.parameters()).detach().clone()
         dist.all_reduce(avg, group=self.ctx.group)
         avg.div_(world)
         self.ctx.stats.record(ring_allreduce_bytes(4 * avg.numel(), world), 0, 0)  # wire only: not a sync payload
+        return avg
+
+    def eval_model(self, model: nn.Module) -> nn.Module:
+        """The consensus model (the replicas' average), on a copy; training state is untouched."""
+        if self.ctx.world_size <= 1 or self.agreed:
+            return model
         consensus = copy.deepcopy(model)
-        vector_to_parameters(avg, consensus.parameters())
+        write_flat(list(consensus.parameters()), self._average(model))
         return consensus
+
+    def finish(self, model: nn.Module, step: int) -> None:
+        """Every replica takes the average (once the commit gate's check passes: on NCCL a failed allreduce may
+        have written part of it), so the job ends with the model its final evaluation measures."""
+        if self.ctx.world_size <= 1:
+            return
+        avg = self._average(model)
+        self.ctx.check_gate()
+        write_flat(list(model.parameters()), avg)
+        self.agreed = True
 
     def consensus_distance(self, model: nn.Module) -> float:
         """Collective: mean over ranks of ||w_i - w_bar|| (how far replicas are from agreeing)."""

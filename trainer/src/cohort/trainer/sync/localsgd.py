@@ -57,6 +57,7 @@ from ..compression.registry import build_method
 from ..log import get_logger
 from .allreduce import timed_hook
 from .base import Sync, SyncContext, ring_allreduce_bytes
+from .flat import slice_views
 
 log = get_logger(__name__)
 
@@ -125,20 +126,6 @@ class OuterStep:
         return self.carried["params"][part[0]:part[1]]
 
 
-def slice_views(params: list[torch.Tensor], a: int, b: int) -> list[torch.Tensor]:
-    """Flat views of entries a..b of the parameters' flat concatenation (parameters_to_vector's order): a round
-    reads and writes its slice through them, without copying the rest of the model."""
-    views, start = [], 0
-    for p in params:
-        end = start + p.numel()
-        if start < b and end > a:
-            views.append(p.detach().view(-1)[max(a, start) - start:min(b, end) - start])
-        if end >= b:
-            break
-        start = end
-    return views
-
-
 def fragment_bounds(numel: int, fragments: int) -> list[tuple[int, int]]:
     """``fragments`` contiguous slices of a flat vector of ``numel`` entries, equal to within one entry."""
     cuts = [f * numel // fragments for f in range(fragments + 1)]
@@ -186,19 +173,48 @@ class CastPeriodicAverager(PeriodicModelAverager):
         fragment = self.offsets.get(since % self.period) if since >= 0 else None
         if fragment is not None:
             assert self.pending is None, "admission keeps overlap below period / fragments"
-            self.pending = self._send(params, fragment)
+            n = sum(p.numel() for p in params)
+            needs_reference = self.outer is not None or self.dtype is not None
+            # Without an agreed reference (a world's first round with one in use) every fragment is averaged.
+            whole = needs_reference and self.reference is None
+            self.pending = self._send(params, (0, n) if whole else fragment_bounds(n, self.fragments)[fragment])
         if self.pending is not None and self.pending.due == self.step:
             round_, self.pending = self.pending, None
-            self._apply(params, round_)
+            self._apply(params, round_, self.mixing)
         self.step += 1
 
-    def _send(self, params: list[torch.Tensor], fragment: int) -> _Round:
-        """Start this step's round: its slice of the parameters, averaged by an allreduce left running."""
-        n, world = sum(p.numel() for p in params), self.ctx.world_size
-        reference = self.reference
-        needs_reference = self.outer is not None or self.dtype is not None
-        # Without an agreed reference (a world's first round with one in use) every fragment is averaged.
-        a, b = (0, n) if needs_reference and reference is None else fragment_bounds(n, self.fragments)[fragment]
+    def finish(self, params: Any, step: int) -> None:
+        """Training ended after ``step`` on every rank: the replicas become one model. A round in flight is applied
+        now; then, past the warm-up (whose allreduced gradients kept the replicas identical), every fragment with
+        local steps since its last round takes one more round at once, unmixed: the round the schedule would have
+        taken next, with its outer step. A fragment whose round was just applied unmixed is left as it is (with an
+        outer step, another round would step θ by the momentum alone)."""
+        params = list(params)
+        self.step = step
+        if self.pending is not None:
+            round_, self.pending = self.pending, None
+            self._apply(params, round_, self.mixing)
+        if step > self.warmup_steps:
+            for bounds in self._moved(params):
+                self._apply(params, self._send(params, bounds), 0.0)
+
+    def _moved(self, params: list[torch.Tensor]) -> list[tuple[int, int]]:
+        """The slices some rank trained since their last round: the fragments whose parameters differ from θ on
+        any rank (a small allreduce); without θ, the whole vector."""
+        n = sum(p.numel() for p in params)
+        theta = self.outer.params if self.outer is not None else None
+        if theta is None:
+            return [(0, n)]
+        cuts = fragment_bounds(n, self.fragments)
+        moved = torch.tensor([not torch.equal(torch.cat(slice_views(params, a, b)), theta[a:b]) for a, b in cuts],
+                             dtype=torch.int64, device=theta.device)
+        dist.all_reduce(moved, op=dist.ReduceOp.MAX, group=self.process_group)
+        return [cut for cut, m in zip(cuts, moved.tolist(), strict=True) if m]
+
+    def _send(self, params: list[torch.Tensor], bounds: tuple[int, int]) -> _Round:
+        """Start this step's round: the slice ``bounds`` of the parameters, averaged by an allreduce left
+        running."""
+        (a, b), world, reference = bounds, self.ctx.world_size, self.reference
         x = torch.cat(slice_views(params, a, b))  # a copy: the parameters train on while it travels
         if reference is None or self.dtype is None:  # no agreed reference yet, or none needed: the average is fp32
             self.ctx.stats.record(ring_allreduce_bytes(4 * (b - a), world), 4 * (b - a), 4 * (b - a))
@@ -209,9 +225,10 @@ class CastPeriodicAverager(PeriodicModelAverager):
         work = dist.all_reduce(sent, group=self.process_group, async_op=True)
         return _Round(self.step, (a, b), sent, delta, work, self.step + self.overlap)
 
-    def _apply(self, params: list[torch.Tensor], round_: _Round) -> None:
+    def _apply(self, params: list[torch.Tensor], round_: _Round, mixing: float) -> None:
         """The parameters take a finished round, once the commit gate's check passes: a failed round changes
-        nothing, neither the parameters nor θ (on NCCL its result may be half written)."""
+        nothing, neither the parameters nor θ (on NCCL its result may be half written). ``mixing`` of the
+        local slice stays in it."""
         round_.work.wait()
         a, b = round_.bounds
         reference = self.reference  # unchanged since the round was sent: one round in flight at a time
@@ -227,8 +244,8 @@ class CastPeriodicAverager(PeriodicModelAverager):
                 else:
                     self.last[a:b] = average
         views = slice_views(params, a, b)
-        if self.mixing:
-            result = torch.lerp(result, torch.cat(views), self.mixing)
+        if mixing:
+            result = torch.lerp(result, torch.cat(views), mixing)
         for view, value in zip(views, torch.split(result, [v.numel() for v in views]), strict=True):
             view.copy_(value)
 
@@ -291,6 +308,10 @@ class LocalSGDSync(Sync):
                 ctx.stats.record(ring_allreduce_bytes(bpe * n, ctx.world_size), bpe * n, 4 * n)
             return hook(state, bucket)
         return accounted
+
+    def finish(self, model: nn.Module, step: int) -> None:
+        if self.averager is not None:
+            self.averager.finish(model.parameters(), step)
 
     def after_step(self, model: nn.Module, step: int) -> None:
         if self.averager is None or self.hook_state is None:
