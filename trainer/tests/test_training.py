@@ -108,10 +108,15 @@ def test_a_ready_spare_is_promoted_in_the_world_that_drops_the_killed_worker(tmp
     assert spare[0]["step"] == 60 and spare[0]["source"] == "peer", spare  # state from the survivors: 0 lost
 
 
-def test_a_worker_lost_in_the_final_evaluation_is_recovered_from_and_the_job_finishes(tmp_path):
-    """Rank 1 dies after the last step, as the final evaluation starts (the benchmark of issue 31 met it
-    with a kill every 15 s: rank 0's evaluation collective failed and the whole job exited 2)."""
-    m = manifest("lastkill", replicas={"spares": 1}, workload={"epochs": 0, "maxSteps": 30})
+@pytest.mark.parametrize("sync", [None, {"algorithm": "localsgd", "period": 8, "outerOptimizer": {"name": "nesterov"}}],
+                         ids=["allreduce", "diloco"])
+def test_a_worker_lost_in_the_final_evaluation_is_recovered_from_and_the_job_finishes(tmp_path, sync):
+    """Rank 1 dies after the last step, as the job's end starts (the benchmark of issue 31 met it with a kill
+    every 15 s: rank 0's evaluation collective failed and the whole job exited 2). With DiLoCo (rounds after steps
+    10, 18, 26) the end's round fails with it: the next world, the survivor and the promoted spare, goes on with
+    the outer step of the round of 26 and takes the end's round again."""
+    m = manifest("lastkill", replicas={"spares": 1}, workload={"epochs": 0, "maxSteps": 30},
+                 **({"sync": sync} if sync else {}))
     s = run_local(tmp_path, m, workers=2, env={"COHORT_FAULT_KILL": "rank=1,step=30"})
     assert s["step"] == 30 and s["accuracy"] > 0, s
     assert len(s["worlds"]) >= 2 and "promoted" in s["worlds"][1]["reason"], s["worlds"]
@@ -119,6 +124,11 @@ def test_a_worker_lost_in_the_final_evaluation_is_recovered_from_and_the_job_fin
     assert '"fault injection: SIGKILL self"' in (tmp_path / "run/lastkill-worker-1.log").read_text()
     joined = [json.loads(line) for line in log.splitlines() if '"joined world"' in line]
     assert [j["step"] for j in joined] == [0, 30], joined  # the second world trains no step, only finishes
+    if sync:
+        continued = [json.loads(line)["round"] for line in log.splitlines() if '"outer step continues"' in line]
+        assert continued == [26], continued
+        ends = [json.loads(line) for line in log.splitlines() if '"replicas made one at the end of training"' in line]
+        assert [(e["world_version"], e["rounds"]) for e in ends] == [(2, 1)], ends  # the first world's failed
 
 
 @pytest.mark.slow

@@ -191,12 +191,15 @@ class CastPeriodicAverager(PeriodicModelAverager):
         outer step, another round would step θ by the momentum alone)."""
         params = list(params)
         self.step = step
+        in_flight = self.pending is not None
         if self.pending is not None:
             round_, self.pending = self.pending, None
             self._apply(params, round_, self.mixing)
-        if step > self.warmup_steps:
-            for bounds in self._moved(params):
-                self._apply(params, self._send(params, bounds), 0.0)
+        moved = self._moved(params) if step > self.warmup_steps else []
+        for bounds in moved:
+            self._apply(params, self._send(params, bounds), 0.0)
+        log.info("replicas made one at the end of training",
+                 extra={"step": step, "in_flight_applied": in_flight, "rounds": len(moved)})
 
     def _moved(self, params: list[torch.Tensor]) -> list[tuple[int, int]]:
         """The slices some rank trained since their last round: the fragments whose parameters differ from θ on
