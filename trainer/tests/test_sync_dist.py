@@ -590,6 +590,13 @@ def _step_and_exchange(rank: int, world: int, step: int, ddp, opt, sync, stats: 
 
 
 OUTER = {"name": "nesterov", "lr": 0.7, "momentum": 0.9}
+
+
+def _nesterov(theta: torch.Tensor, buf: torch.Tensor, average: torch.Tensor) -> torch.Tensor:
+    """torch's SGD with Nesterov momentum on θ, the gradient θ - average; updates ``buf`` in place."""
+    g = theta - average
+    buf.mul_(OUTER["momentum"]).add_(g)
+    return theta - OUTER["lr"] * g.add(buf, alpha=OUTER["momentum"])
 # (outer optimizer, averaging dtype, the step after which the world changes or None). A world change builds a
 # new Sync on the state the trainer carries (TrainState.sync), and rank 1 comes back as a newcomer: its carried
 # state wiped, it takes rank 0's whole state by TrainState.broadcast, as the trainer's hand-over does.
@@ -707,7 +714,6 @@ def test_localsgd_fragments_average_one_slice_per_round_and_step_its_slice_of_th
     ranks = run_ranks(_fragments, 2)
     n = N_PARAMS
     halves = [(0, n // 2), (n // 2, n)]
-    lr, mu = OUTER["lr"], OUTER["momentum"]
     for (name, method), got in ranks[0].items():
         theta, buf, started = None, torch.zeros(n), False
         for i in range(10):
@@ -734,9 +740,7 @@ def test_localsgd_fragments_average_one_slice_per_round_and_step_its_slice_of_th
                     assert torch.equal(a[0][lo:hi], average), (name, method, step)
                 theta = a[0].clone() if name != "none" else None
                 continue
-            g = theta[lo:hi] - average
-            buf[lo:hi] = buf[lo:hi] * mu + g
-            expected = theta[lo:hi] - lr * g.add(buf[lo:hi], alpha=mu)
+            expected = _nesterov(theta[lo:hi], buf[lo:hi], average)
             if method == "none":
                 torch.testing.assert_close(a[0][lo:hi], expected, atol=1e-6, rtol=0)
             else:
@@ -791,7 +795,6 @@ def test_localsgd_overlap_applies_each_round_a_step_later_mixed_with_the_local_s
     ranks = run_ranks(_overlap, 2)
     n = N_PARAMS
     halves = [(0, n // 2), (n // 2, n)]
-    lr, mu = OUTER["lr"], OUTER["momentum"]
     for (name, method, mixing, change), got in ranks[0].items():
         case = (name, method, mixing, change)
         theta, buf, started, flight = None, torch.zeros(n), False, None
@@ -809,9 +812,7 @@ def test_localsgd_overlap_applies_each_round_a_step_later_mixed_with_the_local_s
                     if name != "none":
                         theta = average.clone()
                 else:
-                    g = theta[lo:hi] - average
-                    buf[lo:hi] = buf[lo:hi] * mu + g
-                    result = theta[lo:hi] - lr * g.add(buf[lo:hi], alpha=mu)
+                    result = _nesterov(theta[lo:hi], buf[lo:hi], average)
                     theta[lo:hi] = result
                 for r in range(2):
                     expected = torch.lerp(result, b[r][lo:hi], mixing)
@@ -928,13 +929,6 @@ def _finish(rank: int, world: int) -> dict:
                       sent=ctx.stats.bytes_sent - sent, gate=len(gate) - asked)
         out[(name, method, fragments, overlap, mixing, steps)] = record
     return out
-
-
-def _nesterov(theta: torch.Tensor, buf: torch.Tensor, average: torch.Tensor) -> torch.Tensor:
-    """torch's SGD with Nesterov momentum on θ, the gradient θ - average; updates ``buf`` in place."""
-    g = theta - average
-    buf.mul_(OUTER["momentum"]).add_(g)
-    return theta - OUTER["lr"] * g.add(buf, alpha=OUTER["momentum"])
 
 
 def test_localsgd_finishes_as_one_model_with_the_round_the_schedule_would_take_next():

@@ -27,6 +27,6 @@ def slice_views(params: list[torch.Tensor], a: int, b: int) -> list[torch.Tensor
 
 
 def write_flat(params: list[torch.Tensor], vec: torch.Tensor) -> None:
-    """Copy the flat ``vec`` into the parameters, in place."""
+    """Copy the flat ``vec`` into the parameters (or into ``slice_views``' views of them), in place."""
     for p, value in zip(params, torch.split(vec, [p.numel() for p in params]), strict=True):
         p.detach().view(-1).copy_(value)

@@ -57,7 +57,7 @@ from ..compression.registry import build_method
 from ..log import get_logger
 from .allreduce import timed_hook
 from .base import Sync, SyncContext, ring_allreduce_bytes
-from .flat import slice_views
+from .flat import slice_views, write_flat
 
 log = get_logger(__name__)
 
@@ -179,8 +179,7 @@ class CastPeriodicAverager(PeriodicModelAverager):
             whole = needs_reference and self.reference is None
             self.pending = self._send(params, (0, n) if whole else fragment_bounds(n, self.fragments)[fragment])
         if self.pending is not None and self.pending.due == self.step:
-            round_, self.pending = self.pending, None
-            self._apply(params, round_, self.mixing)
+            self._apply_pending(params)
         self.step += 1
 
     def finish(self, params: Any, step: int) -> None:
@@ -192,14 +191,18 @@ class CastPeriodicAverager(PeriodicModelAverager):
         params = list(params)
         self.step = step
         in_flight = self.pending is not None
-        if self.pending is not None:
-            round_, self.pending = self.pending, None
-            self._apply(params, round_, self.mixing)
+        if in_flight:
+            self._apply_pending(params)
         moved = self._moved(params) if step > self.warmup_steps else []
         for bounds in moved:
             self._apply(params, self._send(params, bounds), 0.0)
         log.info("replicas made one at the end of training",
                  extra={"step": step, "in_flight_applied": in_flight, "rounds": len(moved)})
+
+    def _apply_pending(self, params: list[torch.Tensor]) -> None:
+        round_, self.pending = self.pending, None
+        assert round_ is not None
+        self._apply(params, round_, self.mixing)
 
     def _moved(self, params: list[torch.Tensor]) -> list[tuple[int, int]]:
         """The slices some rank trained since their last round: the fragments whose parameters differ from θ on
@@ -249,8 +252,7 @@ class CastPeriodicAverager(PeriodicModelAverager):
         views = slice_views(params, a, b)
         if mixing:
             result = torch.lerp(result, torch.cat(views), mixing)
-        for view, value in zip(views, torch.split(result, [v.numel() for v in views]), strict=True):
-            view.copy_(value)
+        write_flat(views, result)
 
 
 class LocalSGDSync(Sync):
