@@ -92,11 +92,12 @@ def wait_for_file(path: Path, timeout_s: float = 120) -> None:
     wait_for(path.exists, timeout_s, 0.02, what=f"{path} to appear")
 
 
-def final_model(ckpt_root: Path) -> dict[str, torch.Tensor]:
-    """The model tensors of the newest committed checkpoint under ``ckpt_root``."""
+def final_model(ckpt_root: Path, step: int | None = None) -> dict[str, torch.Tensor]:
+    """The model tensors of the newest committed checkpoint under ``ckpt_root`` (or of the one at ``step``)."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     steps = sorted(p for p in ckpt_root.iterdir() if (p / "COMMITTED").exists())
-    out = ckpt_root / "final.pt"
-    dcp_to_torch_save(str(steps[-1]), str(out))
+    chosen = steps[-1] if step is None else ckpt_root / f"step-{step:08d}"
+    out = ckpt_root / f"{chosen.name}.pt"
+    dcp_to_torch_save(str(chosen), str(out))
     return torch.load(out, weights_only=False)["model"]

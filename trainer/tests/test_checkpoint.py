@@ -119,3 +119,43 @@ def test_unwritable_location_names_the_field(tmp_path):
         ck = Checkpointer(str(tmp_path / "file" / "job"), keep=1, async_save=False)
     with pytest.raises(CheckpointError, match="spec.checkpoint.path"):
         ck.check_writable()
+
+
+def test_a_checkpoint_of_given_parameters_writes_them_under_every_name_and_loads_them_back(tmp_path):
+    """``TrainState.checkpoint_state(params)`` (the replicas' average, for gossip and local SGD): a flat vector in
+    ``parameters_to_vector``'s order goes into the model's state dict under each parameter's name, a tied one
+    (an output layer sharing the embedding's weight) under both, and loads back as the model's parameters; the
+    buffers and the optimizer state stay this process's."""
+    from torch import nn
+    from torch.nn.utils import parameters_to_vector
+
+    from cohort.trainer.sampler import ElasticSampler
+    from cohort.trainer.state import TrainState
+
+    def build() -> TrainState:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Embedding(6, 4), nn.LayerNorm(4), nn.Linear(4, 6, bias=False), nn.BatchNorm1d(6))
+        model[2].weight = model[0].weight
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+        model(torch.tensor([1, 2, 3])).sum().backward()
+        opt.step()
+        return TrainState(model, opt, ElasticSampler(10, 2, 0))
+
+    mine = build()
+    given = torch.arange(parameters_to_vector(mine.model.parameters()).numel(), dtype=torch.float32)
+    ck = Checkpointer(str(tmp_path / "job"), keep=1, async_save=False)
+    ck.save(3, mine.checkpoint_state(given), {})
+    ck.wait()
+    loaded = build()
+    with torch.no_grad():
+        for p in loaded.model.parameters():
+            p.zero_()
+    template = loaded.checkpoint_state()
+    ck.load(3, template)
+    loaded.after_checkpoint_load(template)
+    assert torch.equal(parameters_to_vector(loaded.model.parameters()), given)
+    assert torch.equal(loaded.model[2].weight, given[:24].view(6, 4))  # the tied name holds the embedding's part
+    assert torch.equal(loaded.model[3].running_mean, mine.model[3].running_mean)
+    exp_avg = [s["exp_avg"] for s in loaded.optimizer.state.values()]
+    assert exp_avg and all(torch.equal(a, b["exp_avg"]) for a, b in zip(exp_avg, mine.optimizer.state.values(), strict=True))
+    assert torch.equal(parameters_to_vector(mine.model.parameters()), parameters_to_vector(build().model.parameters()))

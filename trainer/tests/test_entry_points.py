@@ -61,6 +61,20 @@ PACKAGE = textwrap.dedent('''
     def model(info, hidden=8):
         return nn.Sequential(nn.Linear(info.input_shape[0], hidden), nn.ReLU(), nn.Linear(hidden, info.num_classes))
 
+    class EvalModeChecked(nn.Module):
+        """Refuses a forward without autograd (an evaluation) in training mode, which dropout and batch norm
+        would silently get wrong."""
+
+        def __init__(self, info):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(info.input_shape[0], 8), nn.Dropout(0.1), nn.ReLU(),
+                                     nn.Linear(8, info.num_classes))
+
+        def forward(self, x):
+            if self.training and not torch.is_grad_enabled():
+                raise AssertionError("evaluated in training mode")
+            return self.net(x)
+
     def model_a_string(info):
         return "a model"
 
@@ -163,3 +177,17 @@ def test_a_contract_1_package_trains_end_to_end(tmp_path, user_package):
     assert s["step"] == 6, s
     logs = "".join(p.read_text() for p in (tmp_path / "run").glob("*.log"))
     assert "entry-point contract 1, deprecated" in logs
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("sync", [{"algorithm": "gossip"}, {"algorithm": "localsgd", "period": 2, "warmupSteps": 2}])
+def test_replicas_that_train_apart_are_evaluated_in_eval_mode(tmp_path, user_package, sync):
+    """Gossip and local SGD evaluate the replicas' average mid-training (steps 3 and 6) and at the end: every
+    evaluation runs the model in eval mode (the user's model refuses one in training mode), dropout off."""
+    m = manifest("modes", sync=sync, workload={"model": "user_pkg:EvalModeChecked", "dataset": "user_pkg:contract_2",
+                                                 "modelArgs": {}, "epochs": 0, "maxSteps": 6, "batchSize": 8,
+                                                 "evalEverySteps": 3})
+    s = run_local(tmp_path, m, workers=2, env={"PYTHONPATH": user_package})
+    assert s["step"] == 6 and s["restarts"] == 0 and s["worldVersions"] == 1, s  # no worker failed
+    logs = (tmp_path / "run/modes-worker-0.log").read_text()
+    assert [json.loads(line)["step"] for line in logs.splitlines() if '"evaluated"' in line] == [3, 6]

@@ -977,6 +977,69 @@ def test_localsgd_finishes_as_one_model_with_the_round_the_schedule_would_take_n
         assert got["gate"] == rounds, (case, got["gate"])
 
 
+CONSENSUS_CASES = [("none", "none", 1, 0, 0.0), ("nesterov", "none", 2, 1, 0.25), ("nesterov", "bf16", 1, 0, 0.0)]
+
+
+def _localsgd_consensus(rank: int, world: int) -> dict:
+    """Local SGD trained 10 steps (warm-up 2, period 4) twice: once asking for ``consensus`` after every step (as
+    evaluations and checkpoints do), once not; then ``finish`` and ``consensus`` once more."""
+    out = {}
+    for name, method, fragments, overlap, mixing in CONSENSUS_CASES:
+        finals, seen = [], {}
+        for asking in (True, False):
+            spec = job_spec(sync="localsgd", method=method, period=4, outer={**OUTER, "name": name}, warmup=2,
+                            fragments=fragments, overlap=overlap, mixing=mixing)
+            torch.manual_seed(0)
+            model = MLP(INFO)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            gate: list[int] = []
+            ctx = SyncContext(rank, world, spec, CommStats(), carried=carried_state(spec, model),
+                              check_gate=lambda g=gate: g.append(1))
+            sync = LocalSGDSync(ctx)
+            ddp = sync.wrap(model)
+            for step in range(10):
+                _step_and_exchange(rank, world, step, ddp, opt, sync, ctx.stats)
+                if asking:
+                    mine = parameters_to_vector(model.parameters()).detach().clone()
+                    sent, asked = ctx.stats.bytes_sent, len(gate)
+                    got = sync.consensus(ddp, step + 1)
+                    seen[step + 1] = {"got": got, "replicas": gather(mine, world), "sent": ctx.stats.bytes_sent - sent,
+                                      "gate": len(gate) - asked, "pending": sync.averager.pending is not None,
+                                      "untouched": torch.equal(parameters_to_vector(model.parameters()), mine)}
+            sync.finish(ddp, 10)
+            finals.append(parameters_to_vector(model.parameters()).detach().clone())
+            if asking:
+                seen["after finish"] = sync.consensus(ddp, 10)
+        out[(name, method, fragments, overlap, mixing)] = {"seen": seen, "finals": finals}
+    return out
+
+
+def test_localsgd_is_evaluated_and_checkpointed_as_the_replicas_average_without_changing_training():
+    """Between rounds local SGD's replicas differ; ``consensus`` (what evaluations measure and checkpoints hold) is
+    their average, in fp32 whatever the rounds send, on every rank, after the commit gate's check, while the
+    parameters stay each rank's own, a round in flight included. Asked after every step, it changes nothing in
+    training: the models at the end are bit for bit those of the same run not asking. Within the warm-up, and
+    after ``finish``, the replicas are one model: nothing is sent."""
+    ranks = run_ranks(_localsgd_consensus, 2)
+    for case, got in ranks[0].items():
+        assert torch.equal(got["finals"][0], got["finals"][1]), case
+        seen = got["seen"]
+        assert seen.pop("after finish") is None, case
+        for step, s in seen.items():
+            assert s["untouched"] and ranks[1][case]["seen"][step]["untouched"], (case, step)
+            if step <= 2:
+                assert s["got"] is None and s["sent"] == 0 and s["gate"] == 0, (case, step)
+                continue
+            assert torch.equal(s["got"], s["replicas"].mean(0)), (case, step)
+            assert torch.equal(s["got"], ranks[1][case]["seen"][step]["got"]), (case, step)
+            assert s["sent"] == ring_allreduce_bytes(4 * N_PARAMS, 2) and s["gate"] == 1, (case, step)
+        apart = [step for step, s in seen.items() if step > 2 and not torch.equal(*s["replicas"])]
+        assert len(apart) >= 4, (case, apart)  # the replicas did differ when it was asked
+        if case[3]:
+            assert any(s["pending"] for s in seen.values()), case
+
+
+
 # --- gossip ------------------------------------------------------------------------------
 
 def _disagreement(model: torch.nn.Module, world: int) -> tuple[float, torch.Tensor]:
@@ -1059,7 +1122,7 @@ def test_gossip_at_world_size_one_is_a_no_op():
     assert sync.wrap(model) is model
     sync.after_step(model, 1)
     assert torch.equal(parameters_to_vector(model.parameters()), before)
-    assert sync.eval_model(model) is model and ctx.stats.bytes_sent == 0
+    assert sync.consensus(model, 1) is None and ctx.stats.bytes_sent == 0
 
 
 def _refused_gossip_round(rank: int, world: int) -> dict:
@@ -1115,10 +1178,10 @@ def _gossip_finish(rank: int, world: int) -> dict:
             F.cross_entropy(model(x), y).backward()
             opt.step()
             sync.after_step(model, step)
-        evaluated = parameters_to_vector(sync.eval_model(model).parameters()).detach().clone()
+        evaluated = sync.consensus(model, 6)
         asked = len(gate)
         sync.finish(model, 6)
-        out[method] = {"evaluated": evaluated, "gate": len(gate) - asked, "same": sync.eval_model(model) is model,
+        out[method] = {"evaluated": evaluated, "gate": len(gate) - asked, "same": sync.consensus(model, 6) is None,
                        "after": gather(parameters_to_vector(model.parameters()).detach(), world)}
     return out
 
@@ -1146,9 +1209,7 @@ def _straggler(rank: int, world: int) -> dict:
         time.sleep(0.03 if rank == world - 1 else 0.01)
         sync.after_step(model, step)
     elapsed = time.perf_counter() - t0
-    sync.settle(model)
-    consensus = parameters_to_vector(sync.eval_model(model).parameters()).detach()
-    return {"elapsed": elapsed, "consensus": consensus}
+    return {"elapsed": elapsed, "consensus": sync.consensus(model, 60)}
 
 
 def test_gossip_does_not_wait_for_a_straggler():
@@ -1193,7 +1254,7 @@ def test_gossip_keeps_working_after_the_world_shrinks():
         assert r["after"] < 0.9 * r["before"], r
 
 
-def _eval_model(rank: int, world: int) -> dict:
+def _gossip_consensus_of(rank: int, world: int) -> dict:
     ctx = SyncContext(rank, world, job_spec(sync="gossip", method="qsgd", topology="exponential"), CommStats())
     torch.manual_seed(rank)
     model = MLP(INFO)
@@ -1202,13 +1263,13 @@ def _eval_model(rank: int, world: int) -> dict:
         sync.after_step(model, step)
     sync.settle(model)
     mine = parameters_to_vector(model.parameters()).detach().clone()
-    consensus = parameters_to_vector(sync.eval_model(model).parameters()).detach()
+    consensus = sync.consensus(model, 3)
     return {"mine": mine, "after_eval": parameters_to_vector(model.parameters()).detach(),
             "all": gather(mine, world), "consensus": consensus}
 
 
 def test_gossip_evaluates_the_average_without_touching_training_state():
-    results = run_ranks(_eval_model, 3)
+    results = run_ranks(_gossip_consensus_of, 3)
     for r in results:
         torch.testing.assert_close(r["consensus"], r["all"].mean(0), atol=1e-6, rtol=0)
         assert torch.equal(r["after_eval"], r["mine"])

@@ -169,6 +169,31 @@ def test_diloco_outer_state_goes_on_through_a_lost_worker_and_a_restart(tmp_path
     assert continued(tmp_path / "b") == {"diloco-worker-0": [40], "diloco-worker-1": [40]}, continued(tmp_path / "b")
 
 
+def test_local_sgd_between_rounds_is_checkpointed_and_evaluated_as_the_model_it_would_end_with(tmp_path):
+    """Plain local SGD every 4 steps (rounds after steps 10, 14, 18, 22): at step 20 the two replicas have trained
+    apart for 2 steps. Run A ends there, so its checkpoint and evaluation at 20 are of the one model the end makes
+    (the replicas' average). Run B goes on to 22, saving and evaluating at 20 on the way: the same model, bit for
+    bit, and the same scores, not rank 0's replica (the checkpoint) or each rank's own on its shard (the
+    evaluation)."""
+    sync = {"algorithm": "localsgd", "period": 4}
+
+    def at_20(run: Path, max_steps: int, every: dict) -> tuple[dict, dict]:
+        m = manifest("between", sync=sync, workload={"epochs": 0, "maxSteps": max_steps, **every},
+                     checkpoint={"everySteps": 20})
+        run_local(run, m, workers=2, ckpt=run / "ck")
+        evaluated = [json.loads(line) for line in (run / "run/between-worker-0.log").read_text().splitlines()
+                     if '"evaluated"' in line]
+        scores = {k: e[k] for e in evaluated if e["step"] == 20 for k in ("accuracy", "eval_loss")}
+        return final_model(run / "ck/between", step=20), scores
+
+    ended, ended_scores = at_20(tmp_path / "a", 20, {})
+    between, between_scores = at_20(tmp_path / "b", 22, {"evalEverySteps": 20})
+    assert ended.keys() == between.keys()
+    assert all(torch.equal(ended[k], between[k]) for k in ended), [k for k in ended if not torch.equal(ended[k],
+                                                                                                       between[k])]
+    assert between_scores == ended_scores and ended_scores, (between_scores, ended_scores)
+
+
 def test_bad_inputs_exit_2_naming_the_field_or_module(tmp_path):
     cases = {
         "unknown model": ({"workload": {"model": "resnet9000"}}, "spec.workload.model"),

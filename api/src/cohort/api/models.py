@@ -302,7 +302,8 @@ class Sync:
     period: int = field(1, minimum=1, doc="Steps between gossip or local-SGD averaging rounds. When training "
                                          "ends the replicas become one model at once (gossip: their average; "
                                          "localsgd: the next round, outer step included), the one the final "
-                                         "evaluation measures and the final checkpoint holds.")
+                                         "evaluation measures and the final checkpoint holds. Between rounds, "
+                                         "evaluations and periodic checkpoints are of the replicas' average.")
     warmup_steps: int = field(10, minimum=0,
                               doc="localsgd: steps of fully synchronous SGD (the gradients allreduced every step) "
                                   "before the local steps and averaging rounds begin (post-local SGD's switch "

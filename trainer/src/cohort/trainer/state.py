@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from .handover import broadcast_state
 from .runtime.device import rng_state, set_rng_state
 from .sampler import ElasticSampler
+from .sync.flat import named_slices
 
 
 class TrainState:
@@ -62,8 +63,12 @@ class TrainState:
     OPTIONAL = ("sync",)
     """Keys of the checkpoint form that a checkpoint may lack (written before Cohort kept them)."""
 
-    def checkpoint_state(self) -> dict[str, Any]:
+    def checkpoint_state(self, params: torch.Tensor | None = None) -> dict[str, Any]:
+        """``params``: the model's parameters to write instead of this process's (flat, in
+        ``parameters_to_vector``'s order): the one model replicas that train apart make (``Plan.consensus``)."""
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        if params is not None:
+            model_sd.update(named_slices(self.model, params))
         state = {"model": model_sd, "optim": optim_sd, "trainer": self.trainer_state()}
         if self.sync:
             state["sync"] = self.sync  # loaded in place

@@ -61,6 +61,7 @@ from .sampler import ElasticSampler
 from .state import TrainState
 from .step import MicroBatching, StepRunner
 from .sync.base import CommStats
+from .sync.flat import holding
 from .sync.localsgd import carried_state
 from .throughput import Throughput
 from .timing import StepClock
@@ -561,7 +562,8 @@ class Trainer:
         was_training = module.training
         module.eval()
         sums: dict[str, float] = {}
-        with torch.no_grad():
+        # Replicas that train apart are measured as the one model they make (the checkpoint's, too).
+        with torch.no_grad(), holding(list(self.model.parameters()), self.plan.consensus(self.state.step)):
             # Batches of 4 x batchSize: no activations are kept for a backward, but the outputs (an lm's
             # logits: batch x seq x vocab) are as large as the training step's.
             for target, out in self.plan.eval_outputs(data.eval, 4 * self.spec.workload.batch_size):
@@ -593,11 +595,13 @@ class Trainer:
         if not self.schedule.due(self.state.step, final, agree):
             return False
         self._arm_timeout(self.timeouts.long_s)  # the others wait in the next step while it saves
+        # Every rank decided this save (a final one may be rank 0's alone: it holds its own replica).
+        params = None if final else self.plan.consensus(self.state.step)
         if self.plan.replicated and self.rank != 0:
             return True
         meta = {"worldSize": self.world.size if self.world else 1, "plan": self.plan.describe()}
         with self.ledger.during("checkpoint"):
-            self.ckpt.save(self.state.step, self.state.checkpoint_state(), meta, coordinator=self.rank == 0,
+            self.ckpt.save(self.state.step, self.state.checkpoint_state(params), meta, coordinator=self.rank == 0,
                            sharded=not self.plan.replicated, group=self.plan.checkpoint_group)
         return True
 

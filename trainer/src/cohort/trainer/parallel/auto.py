@@ -154,6 +154,9 @@ class AutoPlan(Plan):
     def finish(self, step: int) -> None:
         self.inner.finish(step)
 
+    def consensus(self, step: int) -> torch.Tensor | None:
+        return self.inner.consensus(step)
+
     def eval_module(self) -> nn.Module:
         return self.inner.eval_module()
 

@@ -102,6 +102,11 @@ class Plan(ABC):
         """Training ended after ``step`` on every rank (a collective): the replicas become one model before the
         final evaluation and checkpoint (data parallelism's sync)."""
 
+    def consensus(self, step: int) -> torch.Tensor | None:
+        """Collective: the one model replicas that train apart make at ``step`` (flat; data parallelism's
+        ``Sync.consensus``), which evaluations measure and checkpoints hold; None when the ranks hold it."""
+        return None
+
     def eval_module(self) -> nn.Module:
         assert self.module is not None
         return self.module

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from ..sync.base import SyncContext
@@ -33,9 +34,9 @@ class DataParallel(Plan):
         assert self.module is not None
         self.sync.finish(self.module, step)
 
-    def eval_module(self) -> nn.Module:
+    def consensus(self, step: int) -> torch.Tensor | None:
         assert self.module is not None
-        return self.sync.eval_model(self.module)
+        return self.sync.consensus(self.module, step)
 
     def describe(self) -> str:
         c, sync = self.ctx.spec.compression.method, self.ctx.spec.sync

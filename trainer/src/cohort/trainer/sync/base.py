@@ -94,6 +94,20 @@ class Sync(ABC):
         """Training ended after ``step``, on every rank at once (a collective): replicas that train apart
         (gossip, local SGD) become one model here, so that the job's final evaluation and checkpoint are of it."""
 
-    def eval_model(self, model: nn.Module) -> nn.Module:
-        """The model to evaluate (gossip evaluates the replicas' average)."""
-        return model
+    def consensus(self, model: nn.Module, step: int) -> torch.Tensor | None:
+        """Collective, at ``step`` on every rank: the one model the replicas make now, as a flat vector in
+        ``parameters_to_vector``'s order, which evaluations measure and checkpoints hold (sync/flat.py); None
+        when the replicas are one model already (allreduce's always; gossip's and local SGD's after ``finish``)."""
+        return None
+
+    def average(self, mine: torch.Tensor) -> torch.Tensor:
+        """Collective: the replicas' average of the flat ``mine`` (a new tensor), once the commit gate's check
+        passes (on NCCL a failed allreduce may have written part of it)."""
+        world = self.ctx.world_size
+        avg = mine.clone()
+        dist.all_reduce(avg, group=self.ctx.group)
+        avg.div_(world)
+        wire = ring_allreduce_bytes(avg.element_size() * avg.numel(), world)
+        self.ctx.stats.record(wire, 0, 0)  # wire only: not a sync payload
+        self.ctx.check_gate()
+        return avg

@@ -2,8 +2,9 @@
 
 No DDP and no global collective while training: each rank steps on its own
 gradient, then every ``sync.period`` steps moves its parameters towards its
-neighbours' (sync/topology.py) by one gossip round. ``eval_model`` returns the
-consensus, the average of all replicas, computed on a copy.
+neighbours' (sync/topology.py) by one gossip round. Evaluations and checkpoints
+measure and hold the consensus, the average of all replicas (``consensus``),
+which every replica takes at the end (``finish``).
 
 Every exchange follows CHOCO-Gossip (Koloskova et al. 2019; the machinery is in
 gossip_exchange.py): peers keep public copies of each other, messages carry the
@@ -24,7 +25,6 @@ afresh (one dense exchange), at any world size; at size 1 it does nothing.
 
 from __future__ import annotations
 
-import copy
 import statistics
 import time
 from collections import deque
@@ -42,7 +42,7 @@ from ..compression.base import Compressor, derive_seed
 from ..compression.registry import build_method
 from ..log import get_logger
 from . import topology
-from .base import Sync, SyncContext, ring_allreduce_bytes
+from .base import Sync, SyncContext
 from .flat import write_flat
 from .gossip_exchange import Link, PeerExchange
 
@@ -191,33 +191,19 @@ class GossipSync(Sync):
         write_flat(list(model.parameters()), x)
         self._left_at = None  # evaluation time is not compute time
 
-    def _average(self, model: nn.Module) -> torch.Tensor:
-        """Collective: the replicas' average, once every exchange in flight has settled."""
-        world = self.ctx.world_size
-        self.settle(model)
-        avg = parameters_to_vector(model.parameters()).detach().clone()
-        dist.all_reduce(avg, group=self.ctx.group)
-        avg.div_(world)
-        self.ctx.stats.record(ring_allreduce_bytes(4 * avg.numel(), world), 0, 0)  # wire only: not a sync payload
-        return avg
-
-    def eval_model(self, model: nn.Module) -> nn.Module:
-        """The consensus model (the replicas' average), on a copy; training state is untouched."""
+    def consensus(self, model: nn.Module, step: int) -> torch.Tensor | None:
+        """The replicas' average, once every exchange in flight has settled."""
         if self.ctx.world_size <= 1 or self.agreed:
-            return model
-        consensus = copy.deepcopy(model)
-        write_flat(list(consensus.parameters()), self._average(model))
-        return consensus
+            return None
+        self.settle(model)
+        return self.average(parameters_to_vector(model.parameters()).detach())
 
     def finish(self, model: nn.Module, step: int) -> None:
-        """Every replica takes the average (once the commit gate's check passes: on NCCL a failed allreduce may
-        have written part of it), so the job ends with the model its final evaluation measures."""
-        if self.ctx.world_size <= 1:
-            return
-        avg = self._average(model)
-        self.ctx.check_gate()
-        write_flat(list(model.parameters()), avg)
-        self.agreed = True
+        """Every replica takes the average, so the job ends with the model its evaluations measured."""
+        avg = self.consensus(model, step)
+        if avg is not None:
+            write_flat(list(model.parameters()), avg)
+            self.agreed = True
 
     def consensus_distance(self, model: nn.Module) -> float:
         """Collective: mean over ranks of ||w_i - w_bar|| (how far replicas are from agreeing)."""

@@ -263,6 +263,7 @@ class LocalSGDSync(Sync):
         self.dtype = None if dtype == torch.float32 else dtype  # None: the average in fp32
         self.hook_state: plsgd.PostLocalSGDState | None = None
         self.averager: CastPeriodicAverager | None = None
+        self.agreed = False  # finish() made the replicas one model
 
     def wrap(self, model: nn.Module) -> nn.Module:
         if self.ctx.world_size == 1:
@@ -314,9 +315,17 @@ class LocalSGDSync(Sync):
             return hook(state, bucket)
         return accounted
 
+    def consensus(self, model: nn.Module, step: int) -> torch.Tensor | None:
+        """The replicas' average; None within the warm-up (the allreduced gradients keep the replicas identical)
+        and after ``finish``. A round in flight is left to its schedule: the average is of the parameters."""
+        if self.averager is None or self.agreed or step <= self.warmup_steps:
+            return None
+        return self.average(parameters_to_vector(model.parameters()).detach())
+
     def finish(self, model: nn.Module, step: int) -> None:
         if self.averager is not None:
             self.averager.finish(model.parameters(), step)
+            self.agreed = True
 
     def after_step(self, model: nn.Module, step: int) -> None:
         if self.averager is None or self.hook_state is None:
