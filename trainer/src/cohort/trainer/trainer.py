@@ -596,7 +596,8 @@ class Trainer:
             return False
         self._arm_timeout(self.timeouts.long_s)  # the others wait in the next step while it saves
         # Every rank decided this save (a final one may be rank 0's alone: it holds its own replica).
-        params = None if final else self.plan.consensus(self.state.step)
+        with self.ledger.during("checkpoint"):
+            params = None if final else self.plan.consensus(self.state.step)
         if self.plan.replicated and self.rank != 0:
             return True
         meta = {"worldSize": self.world.size if self.world else 1, "plan": self.plan.describe()}
