@@ -86,6 +86,7 @@ def test_dashboard_is_well_formed(dashboard):
     ("throughput in tokens and MFU", {"cohort_tokens_per_second", "cohort_mfu"}),
     ("bytes sent", {"cohort_bytes_sent_total"}),
     ("compression ratio", {"cohort_compression_ratio"}),
+    ("replica drift", {"cohort_replica_drift"}),
     ("recoveries", {"cohort_recoveries_total"}),
     ("replacements", {"cohort_operator_replacements_total"}),
     ("checkpoint durations", {"cohort_checkpoint_seconds_sum", "cohort_checkpoint_seconds_bucket"}),

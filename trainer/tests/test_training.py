@@ -174,7 +174,7 @@ def test_local_sgd_between_rounds_is_checkpointed_and_evaluated_as_the_model_it_
     apart for 2 steps. Run A ends there, so its checkpoint and evaluation at 20 are of the one model the end makes
     (the replicas' average). Run B goes on to 22, saving and evaluating at 20 on the way: the same model, bit for
     bit, and the same scores, not rank 0's replica (the checkpoint) or each rank's own on its shard (the
-    evaluation)."""
+    evaluation); its evaluation also logs how far rank 0's replica was from the average."""
     sync = {"algorithm": "localsgd", "period": 4}
 
     def at_20(run: Path, max_steps: int, every: dict) -> tuple[dict, dict]:
@@ -183,7 +183,8 @@ def test_local_sgd_between_rounds_is_checkpointed_and_evaluated_as_the_model_it_
         run_local(run, m, workers=2, ckpt=run / "ck")
         evaluated = [json.loads(line) for line in (run / "run/between-worker-0.log").read_text().splitlines()
                      if '"evaluated"' in line]
-        scores = {k: e[k] for e in evaluated if e["step"] == 20 for k in ("accuracy", "eval_loss")}
+        scores = {k: e[k] for e in evaluated if e["step"] == 20 for k in ("accuracy", "eval_loss", "replica_drift")
+                  if k in e}
         return final_model(run / "ck/between", step=20), scores
 
     ended, ended_scores = at_20(tmp_path / "a", 20, {})
@@ -191,6 +192,8 @@ def test_local_sgd_between_rounds_is_checkpointed_and_evaluated_as_the_model_it_
     assert ended.keys() == between.keys()
     assert all(torch.equal(ended[k], between[k]) for k in ended), [k for k in ended if not torch.equal(ended[k],
                                                                                                        between[k])]
+    drift = between_scores.pop("replica_drift")  # measured before the average was evaluated; the end has none
+    assert 0 < drift < 0.1 and "replica_drift" not in ended_scores, (drift, ended_scores)
     assert between_scores == ended_scores and ended_scores, (between_scores, ended_scores)
 
 

@@ -58,6 +58,9 @@ class WorkerMetrics:
         self.perplexity = Gauge("cohort_eval_perplexity", "Latest evaluation perplexity", registry=r)
         self.bytes_sent = Counter("cohort_bytes_sent", "Payload bytes this worker handed to its collectives for sync (TCP/IP and gloo framing not included)", registry=r)
         self.compression_ratio = Gauge("cohort_compression_ratio", "Dense fp32 bytes / payload bytes", registry=r)
+        self.replica_drift = Gauge("cohort_replica_drift", "||this replica - the replicas' average|| / ||average||, "
+                                   "measured at the last evaluation or periodic checkpoint of gossip or local SGD; "
+                                   "0 while the replicas are one model", registry=r)
         self.checkpoint_seconds = Histogram("cohort_checkpoint_seconds", "Checkpoint stall / write time",
                                             ["phase"], buckets=SLOW_BUCKETS, registry=r)
         self.checkpoints = Counter("cohort_checkpoints", "Checkpoints committed", registry=r)

@@ -489,6 +489,7 @@ class Trainer:
         m.bytes_sent.inc(self.stats.bytes_sent - getattr(self, "_bytes_reported", 0))
         self._bytes_reported = self.stats.bytes_sent
         m.compression_ratio.set(self.stats.compression_ratio)
+        m.replica_drift.set(self.stats.replica_drift)
         if self.first_step_pending:  # every rank, newcomers too: where benchmarks end a recovery
             self.first_step_pending = False
             self.ledger.first_step_in_world(self.state.step)  # it ends starting or recovery
@@ -562,8 +563,8 @@ class Trainer:
         was_training = module.training
         module.eval()
         sums: dict[str, float] = {}
-        # Replicas that train apart are measured as the one model they make (the checkpoint's, too).
-        with torch.no_grad(), holding(list(self.model.parameters()), self.plan.consensus(self.state.step)):
+        one = self.plan.consensus(self.state.step)  # replicas that train apart: the model they make (as saved)
+        with torch.no_grad(), holding(list(self.model.parameters()), one):
             # Batches of 4 x batchSize: no activations are kept for a backward, but the outputs (an lm's
             # logits: batch x seq x vocab) are as large as the training step's.
             for target, out in self.plan.eval_outputs(data.eval, 4 * self.spec.workload.batch_size):
@@ -583,7 +584,8 @@ class Trainer:
             self.metrics.accuracy.set(self.eval_result["accuracy"])
         if "perplexity" in self.eval_result:
             self.metrics.perplexity.set(self.eval_result["perplexity"])
-        log.info("evaluated", extra={"step": self.state.step, "epoch": self.sampler.epoch, **self.eval_result})
+        drift = {"replica_drift": round(self.stats.replica_drift, 6)} if one is not None else {}
+        log.info("evaluated", extra={"step": self.state.step, "epoch": self.sampler.epoch, **self.eval_result, **drift})
         return self.eval_result
 
     def _maybe_checkpoint(self, final: bool = False) -> bool:

@@ -23,7 +23,7 @@ from cohort.api.models import TrainingJobSpec
 
 
 class CommStats:
-    """Cumulative bytes this process sent, and payload vs dense sizes (compression ratio)."""
+    """Cumulative bytes this process sent, payload vs dense sizes (compression ratio), and the replicas' drift."""
 
     def __init__(self, clock: Callable[[], Any] = time.perf_counter) -> None:
         self._lock = threading.Lock()
@@ -33,6 +33,9 @@ class CommStats:
         self.clock = clock          # timing.DeviceClock.mark on a device: marks are stream events
         self.hooks = 0              # gradient buckets handed to communication so far
         self.last_hook: Any = None  # the clock's mark at the last hand-off
+        # How far this replica was from the replicas' average when last measured (Sync.average, for an
+        # evaluation or a periodic checkpoint of gossip or local SGD): ||mine - average|| / ||average||.
+        self.replica_drift = 0.0
 
     def record(self, wire_bytes: int, payload_bytes: int, dense_bytes: int) -> None:
         with self._lock:
@@ -110,4 +113,6 @@ class Sync(ABC):
         wire = ring_allreduce_bytes(avg.element_size() * avg.numel(), world)
         self.ctx.stats.record(wire, 0, 0)  # wire only: not a sync payload
         self.ctx.check_gate()
+        self.ctx.stats.replica_drift = float(torch.dist(mine.float(), avg.float())
+                                             / torch.linalg.vector_norm(avg.float()).clamp_min(1e-30))
         return avg

@@ -31,7 +31,6 @@ from collections import deque
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.utils import parameters_to_vector
 
@@ -204,13 +203,3 @@ class GossipSync(Sync):
         if avg is not None:
             write_flat(list(model.parameters()), avg)
             self.agreed = True
-
-    def consensus_distance(self, model: nn.Module) -> float:
-        """Collective: mean over ranks of ||w_i - w_bar|| (how far replicas are from agreeing)."""
-        x = parameters_to_vector(model.parameters()).detach()
-        avg = x.clone()
-        dist.all_reduce(avg, group=self.ctx.group)
-        avg.div_(self.ctx.world_size)
-        dev = torch.tensor([float((x - avg).norm())])
-        dist.all_reduce(dev, group=self.ctx.group)
-        return float(dev) / self.ctx.world_size
