@@ -27,8 +27,9 @@ error and the next one still runs:
 - torchrun: the same kill under torchrun elastic (bench/torchrun_worker.py: a plain DDP loop of the same
   model over NCCL, torch.save every as many steps, every worker restarted and reloading the newest
   checkpoint): its restart in phases, the steps lost, and Cohort's recovery over it (the ratio).
-- features: a compressor (powersgd), gossip, fsdp and top-k, 2 workers sharing the GPU, a few dozen
-  steps each: finished or not, loss, time.
+- features: a compressor (powersgd), gossip, fsdp, top-k and Streaming DiLoCo, 2 workers sharing the GPU, a
+  few dozen steps each (gossip and DiLoCo also evaluate and checkpoint their replicas' average mid-run):
+  finished or not, loss, time.
 
 OUTDIR gets four files: results.jsonl, one JSON line per phase as each ends (flushed), then a
 summary line; proof.log, the human log; plain_kernels.txt, the profiler's table; and logs.tar.gz,
@@ -1015,16 +1016,19 @@ def phase_torchrun(ph: Phase) -> None:
 
 
 def phase_features(ph: Phase) -> None:
+    steps = 20 if ph.smoke else 40
+    between_rounds = {"evalEverySteps": steps // 2 + 1, "checkpoint": {"everySteps": steps // 2 - 1, "keep": 1}}
     runs: list[tuple[str, dict[str, Any]]] = [
         ("powersgd", {"sync": {"algorithm": "allreduce"}, "compression": {"method": "powersgd", "rank": 2}}),
-        ("gossip", {"sync": {"algorithm": "gossip", "topology": "ring", "period": 1}}),
+        # gossip and DiLoCo evaluate and checkpoint the replicas' average mid-run (an allreduce on NCCL, then the
+        # average held in the parameters or written into rank 0's state dict), then end as one model
+        ("gossip", {"sync": {"algorithm": "gossip", "topology": "ring", "period": 1}, **between_rounds}),
         ("fsdp", {"parallelism": {"strategy": "fsdp"}}),
         ("topk", {"sync": {"algorithm": "allreduce"}, "compression": {"method": "topk", "ratio": 0.01}}),
         # Streaming DiLoCo with its overlap: each round's allreduce left running on NCCL's stream for a step
         ("diloco-overlap", {"sync": {"algorithm": "localsgd", "period": 8, "warmupSteps": 4, "fragments": 2,
-                                     "overlapSteps": 1, "outerOptimizer": {"name": "nesterov"}}}),
+                                     "overlapSteps": 1, "outerOptimizer": {"name": "nesterov"}}, **between_rounds}),
     ]
-    steps = 20 if ph.smoke else 40
     out: dict[str, Any] = {}
     for i, (tag, spec) in enumerate(runs):  # spec: the TrainingJob spec's sections besides workload
         left = ph.left()
@@ -1032,14 +1036,21 @@ def phase_features(ph: Phase) -> None:
             out[tag] = {"finished": False, "error": "skipped: no time left"}
             continue
         cap = left / (len(runs) - i) if i < len(runs) - 1 else left  # share what is left fairly
-        doc = manifest(f"proof-{tag}", small_lm(ph.smoke, steps), replicas={"min": 1, "max": 2, "target": 2},
-                       checkpoint={"everySteps": 0}, **spec)
+        spec = dict(spec)
+        workload = small_lm(ph.smoke, steps, **({"evalEverySteps": spec.pop("evalEverySteps")}
+                                                 if "evalEverySteps" in spec else {}))
+        doc = manifest(f"proof-{tag}", workload, replicas={"min": 1, "max": 2, "target": 2},
+                       **{"checkpoint": {"everySteps": 0}, **spec})
         res = run_cohort(ph, tag, doc, 2, max(min(cap, 75.0), 10.0) - 2)
         s = res.pop("summary") or {}
         out[tag] = {"finished": res["rc"] == 0 and s.get("step") == steps, "step": s.get("step"),
                     "loss": s.get("loss"), "perplexity": s.get("perplexity"), "seconds": res["seconds"],
                     "step_s_median": s.get("stepSecondsMedian"), "device": s.get("device"), "plan": s.get("plan"),
                     "launcher_sharing": res.get("launcher_sharing")}
+        drift = [rec["replica_drift"] for lines in worker_logs(Path(res["run_dir"]) / "run").values()
+                 for rec in records(lines) if rec.get("msg") == "evaluated" and "replica_drift" in rec]
+        if drift:  # the replicas' average evaluated mid-run: how far each worker's replica was from it
+            out[tag]["replica_drift"] = drift
         if not out[tag]["finished"]:
             out[tag]["error"] = ("timed out" if res["timed_out"] else f"exited {res['rc']}")
             out[tag]["launcher_tail"] = res.get("launcher_tail")
