@@ -85,6 +85,7 @@ class Sync(ABC):
 
     def __init__(self, ctx: SyncContext):
         self.ctx = ctx
+        self.agreed = False  # finish() made the replicas one model: consensus() has nothing to compute
 
     @abstractmethod
     def wrap(self, model: nn.Module) -> nn.Module:

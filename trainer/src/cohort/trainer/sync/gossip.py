@@ -82,7 +82,6 @@ class GossipSync(Sync):
         self._left_at: float | None = None      # when after_step last returned
         self._computes: deque[float] = deque(maxlen=9)  # recent compute seconds per step
         self._compute_s: float | None = None            # their median
-        self.agreed = False  # finish() made every replica the average
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return model  # each rank trains on its own gradients; no DDP

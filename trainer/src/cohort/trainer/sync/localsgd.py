@@ -263,7 +263,6 @@ class LocalSGDSync(Sync):
         self.dtype = None if dtype == torch.float32 else dtype  # None: the average in fp32
         self.hook_state: plsgd.PostLocalSGDState | None = None
         self.averager: CastPeriodicAverager | None = None
-        self.agreed = False  # finish() made the replicas one model
 
     def wrap(self, model: nn.Module) -> nn.Module:
         if self.ctx.world_size == 1:
