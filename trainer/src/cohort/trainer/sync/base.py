@@ -104,14 +104,22 @@ class Sync(ABC):
         when the replicas are one model already (allreduce's always; gossip's and local SGD's after ``finish``)."""
         return None
 
-    def average(self, mine: torch.Tensor) -> torch.Tensor:
+    def average(self, mine: torch.Tensor, reference: torch.Tensor | None = None,
+                dtype: torch.dtype | None = None) -> torch.Tensor:
         """Collective: the replicas' average of the flat ``mine`` (a new tensor), once the commit gate's check
-        passes (on NCCL a failed allreduce may have written part of it)."""
+        passes (on NCCL a failed allreduce may have written part of it). With a ``reference`` every rank holds bit
+        for bit and a 16-bit ``dtype``, what travels is the change since it in that dtype, as local SGD's rounds
+        send it."""
         world = self.ctx.world_size
-        avg = mine.clone()
-        dist.all_reduce(avg, group=self.ctx.group)
-        avg.div_(world)
-        wire = ring_allreduce_bytes(avg.element_size() * avg.numel(), world)
+        if reference is not None and dtype is not None:
+            sent = (mine - reference).div_(world).to(dtype)
+            dist.all_reduce(sent, group=self.ctx.group)
+            avg = reference + sent.float()
+        else:
+            sent = mine.clone()
+            dist.all_reduce(sent, group=self.ctx.group)
+            avg = sent.div_(world)
+        wire = ring_allreduce_bytes(sent.element_size() * sent.numel(), world)
         self.ctx.stats.record(wire, 0, 0)  # wire only: not a sync payload
         self.ctx.check_gate()
         self.ctx.stats.replica_drift = float(torch.dist(mine.float(), avg.float())

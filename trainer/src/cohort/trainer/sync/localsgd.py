@@ -315,11 +315,13 @@ class LocalSGDSync(Sync):
         return accounted
 
     def consensus(self, model: nn.Module, step: int) -> torch.Tensor | None:
-        """The replicas' average; None within the warm-up (the allreduced gradients keep the replicas identical)
-        and after ``finish``. A round in flight is left to its schedule: the average is of the parameters."""
+        """The replicas' average, sent as the rounds are (fp16/bf16: the change since θ); None within the warm-up
+        (the allreduced gradients keep the replicas identical) and after ``finish``. A round in flight is left to
+        its schedule: the average is of the parameters."""
         if self.averager is None or self.agreed or step <= self.warmup_steps:
             return None
-        return self.average(parameters_to_vector(model.parameters()).detach())
+        mine = parameters_to_vector(model.parameters()).detach()
+        return self.average(mine, self.averager.reference, self.dtype)
 
     def finish(self, model: nn.Module, step: int) -> None:
         if self.averager is not None:
