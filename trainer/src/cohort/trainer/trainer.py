@@ -597,13 +597,12 @@ class Trainer:
         if not self.schedule.due(self.state.step, final, agree):
             return False
         self._arm_timeout(self.timeouts.long_s)  # the others wait in the next step while it saves
-        # Every rank decided this save (a final one may be rank 0's alone: it holds its own replica).
         with self.ledger.during("checkpoint"):
+            # Every rank decided this save (a final one may be rank 0's alone: it holds its own replica).
             params = None if final else self.plan.consensus(self.state.step)
-        if self.plan.replicated and self.rank != 0:
-            return True
-        meta = {"worldSize": self.world.size if self.world else 1, "plan": self.plan.describe()}
-        with self.ledger.during("checkpoint"):
+            if self.plan.replicated and self.rank != 0:
+                return True
+            meta = {"worldSize": self.world.size if self.world else 1, "plan": self.plan.describe()}
             self.ckpt.save(self.state.step, self.state.checkpoint_state(params), meta, coordinator=self.rank == 0,
                            sharded=not self.plan.replicated, group=self.plan.checkpoint_group)
         return True
