@@ -1017,7 +1017,8 @@ def phase_torchrun(ph: Phase) -> None:
 
 def phase_features(ph: Phase) -> None:
     steps = 20 if ph.smoke else 40
-    between_rounds = {"evalEverySteps": steps // 2 + 1, "checkpoint": {"everySteps": steps // 2 - 1, "keep": 1}}
+    between_rounds = {"workload": {"evalEverySteps": steps // 2 + 1},
+                      "checkpoint": {"everySteps": steps // 2 - 1, "keep": 1}}
     runs: list[tuple[str, dict[str, Any]]] = [
         ("powersgd", {"sync": {"algorithm": "allreduce"}, "compression": {"method": "powersgd", "rank": 2}}),
         # gossip and DiLoCo evaluate and checkpoint the replicas' average mid-run (an allreduce on NCCL, then the
@@ -1030,17 +1031,15 @@ def phase_features(ph: Phase) -> None:
                                      "overlapSteps": 1, "outerOptimizer": {"name": "nesterov"}}, **between_rounds}),
     ]
     out: dict[str, Any] = {}
-    for i, (tag, spec) in enumerate(runs):  # spec: the TrainingJob spec's sections besides workload
+    for i, (tag, spec) in enumerate(runs):  # spec: TrainingJob spec sections; "workload": fields over small_lm's
         left = ph.left()
         if left < 12:
             out[tag] = {"finished": False, "error": "skipped: no time left"}
             continue
         cap = left / (len(runs) - i) if i < len(runs) - 1 else left  # share what is left fairly
-        spec = dict(spec)
-        workload = small_lm(ph.smoke, steps, **({"evalEverySteps": spec.pop("evalEverySteps")}
-                                                 if "evalEverySteps" in spec else {}))
-        doc = manifest(f"proof-{tag}", workload, replicas={"min": 1, "max": 2, "target": 2},
-                       **{"checkpoint": {"everySteps": 0}, **spec})
+        spec = {"checkpoint": {"everySteps": 0}, **spec}
+        workload = small_lm(ph.smoke, steps, **spec.pop("workload", {}))
+        doc = manifest(f"proof-{tag}", workload, replicas={"min": 1, "max": 2, "target": 2}, **spec)
         res = run_cohort(ph, tag, doc, 2, max(min(cap, 75.0), 10.0) - 2)
         s = res.pop("summary") or {}
         out[tag] = {"finished": res["rc"] == 0 and s.get("step") == steps, "step": s.get("step"),
