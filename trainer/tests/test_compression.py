@@ -16,6 +16,7 @@ from cohort.trainer.compression import packing
 from cohort.trainer.compression.base import Compressor, Unsupported, derive_seed, kept
 from cohort.trainer.compression.dgc import DGC, DGCConfig, MomentumCorrection
 from cohort.trainer.compression.error_feedback import ErrorFeedback
+from cohort.trainer.compression.fp8 import FP8, FP8Config
 from cohort.trainer.compression.quantize import QSGD, Natural, QSGDConfig, TernGrad, TernGradConfig
 from cohort.trainer.compression.registry import METHODS
 from cohort.trainer.compression.sign import OneBit, OneBitConfig, ScaledSign, Signum, SignumConfig, SignumMomentum
@@ -62,7 +63,7 @@ def test_each_class_implements_exactly_the_syncs_the_api_declares(name):
     assert "allreduce" in syncs  # every method has a DDP hook (none: DDP's own)
     gossips = isinstance(method, Compressor) and supports(method, lambda m: m.consensus_step())
     assert gossips == ("gossip" in syncs), name
-    assert supports(method, lambda m: m.localsgd_dtype()) == ("localsgd" in syncs), name
+    assert supports(method, lambda m: m.localsgd_mean()) == ("localsgd" in syncs), name
     if gossips:
         assert 0 < method.consensus_step() <= 1
 
@@ -359,6 +360,44 @@ def test_natural_rounds_to_a_neighbouring_power_of_two_keeping_the_sign_in_9_bit
     assert torch.equal(s[:, :4], x[:4].expand(200, 4))
     assert set(s[:, 4].tolist()) <= {0.0, 2.0**-126} and set(s[:, 5].tolist()) <= {0.0, -(2.0**-126)}
     assert float((s - x).pow(2).sum(1).mean()) <= float(x.pow(2).sum()) / 8
+
+
+def test_fp8_rounds_each_chunk_scaled_to_e4m3s_range_to_the_nearest_e4m3_value():
+    """One fp32 scale per chunk, max|x_c| / 448, and a byte per element: the element divided by it, rounded to the
+    nearest e4m3fn value (torch's own cast). A chunk's largest entry comes back exact, its others within 2^-4 of
+    their magnitude (3 mantissa bits) down to e4m3's normal range (448 x 2^-6 of the scale's 448), and within
+    half its smallest subnormal step below; a chunk of zeros stays zeros, a non-finite entry makes its chunk
+    non-finite rather than quietly finite; and a payload decodes from any byte offset (an all-gather's rows)."""
+    c = FP8(FP8Config(chunk_size=256))
+    n = 1000  # 4 chunks, the last one partial
+    x = vector(n, seed=21)
+    x[256:512] *= 1e-3                        # a chunk a thousand times smaller keeps its own scale
+    x[600:700] = 0.0
+    x[768:] = 0.0                             # the last chunk all zeros
+    assert c.payload_nbytes(n) == 4 * 4 + n
+    payload, got = c.roundtrip(x, seed=0)
+    assert payload.numel() == c.payload_nbytes(n)
+    for a in range(0, n, 256):
+        chunk, back = x[a:a + 256], got[a:a + 256]
+        peak = float(chunk.abs().max())
+        if peak == 0:
+            assert torch.equal(back, torch.zeros_like(back))
+            continue
+        scale = peak / 448
+        cast = (chunk / scale).to(torch.float8_e4m3fn).float() * scale
+        torch.testing.assert_close(back, cast, rtol=2e-7, atol=0)  # torch's cast, up to how the scale is applied
+        assert float(back.abs().max()) == pytest.approx(peak, rel=1e-6)
+        normal = chunk.abs() >= scale * 2.0**-6
+        assert ((back - chunk).abs()[normal] <= 2.0**-4 * chunk.abs()[normal] * (1 + 1e-6)).all()
+        assert ((back - chunk).abs()[~normal] <= scale * 2.0**-10 * (1 + 1e-6)).all()
+    assert (got[600:700] == 0).all()
+    buffer = torch.cat([torch.zeros(3, dtype=torch.uint8), payload])
+    assert torch.equal(c.decode(buffer[3:], n), got)
+    bad = x.clone()
+    bad[10] = float("inf")
+    back = c.roundtrip(bad, seed=0)[1]
+    assert not torch.isfinite(back[:256]).any() and torch.equal(back[256:], got[256:])
+    assert COMPRESSORS["fp8"]().ratio(MLP_PARAMS) > 3.9  # 1 byte per element and 4 per chunk of 512
 
 
 def test_onebit_sends_a_bit_per_element_and_each_chunks_two_means():

@@ -36,6 +36,7 @@ TUNED: dict[tuple[str, str], dict[str, Any]] = {
     ("localsgd", "none"): {"sync": {"period": 4}},
     ("localsgd", "fp16"): {"sync": {"period": 4}},
     ("localsgd", "bf16"): {"sync": {"period": 4}},
+    ("localsgd", "fp8"): {"sync": {"period": 4}},
     # DGC's momentum correction is the momentum: the optimizer adds none (admission requires 0).
     ("allreduce", "dgc"): {"optimizer": {"momentum": 0.0}},
     # Signum: the momentum is in the compressor, and every coordinate moves by exactly lr per

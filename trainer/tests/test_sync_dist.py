@@ -17,6 +17,7 @@ from torch.nn.utils import parameters_to_vector
 
 from cohort.trainer.commit import StepDiscarded
 from cohort.trainer.compression.base import CompressedAllgather, kept
+from cohort.trainer.compression.fp8 import FP8
 from cohort.trainer.compression.registry import build_method
 from cohort.trainer.compression.sparse_allreduce import sparse_allreduce
 from cohort.trainer.sampler import ElasticSampler
@@ -33,9 +34,33 @@ pytestmark = pytest.mark.dist
 
 INFO = DataInfo((1, 8, 8), num_classes=10)
 N_PARAMS = 9610  # MLP(hidden=128) on 8x8 digits
-HOOK_METHODS = ["none", "fp16", "bf16", "powersgd", "topk", "randomk", "qsgd", "terngrad", "signsgd",
+HOOK_METHODS = ["none", "fp16", "bf16", "fp8", "powersgd", "topk", "randomk", "qsgd", "terngrad", "signsgd",
                 "dgc", "threshold", "natural", "onebit", "signum"]
 GOSSIP_METHODS = ["none", "fp16", "bf16", "topk", "randomk", "qsgd", "terngrad", "signsgd"]
+
+
+def fp8_mean(vectors: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
+    """What FP8Mean must give every rank from the ranks' vectors: part j of each (the vector cut in P parts, the
+    last padded with zeros) rounded by fp8's codec, the P of them summed in rank order in fp32 and divided by P,
+    that rounded again, the parts put back together (torchft's allreduce_quantized, without its collectives)."""
+    codec, world, n = FP8(), len(vectors), vectors[0].numel()
+    part = -(-n // world)
+    padded = [F.pad(v, (0, world * part - n)) for v in vectors]
+    means = []
+    for j in range(world):
+        total = torch.zeros(part)
+        for v in padded:
+            total += codec.decode(codec.encode(v[j * part:(j + 1) * part]), part)
+        means.append(codec.decode(codec.encode(total.div_(world)), part))
+    return torch.cat(means)[:n]
+
+
+def fp8_mean_bytes(numel: int, world: int) -> tuple[int, int]:
+    """(wire, payload) bytes of one rank's FP8Mean of ``numel`` entries: an all-to-all and an all-gather, each
+    sending P - 1 parts of ceil(numel / P) bytes and a 4-byte scale per chunk of up to 512."""
+    part = -(-numel // world)
+    encoded = part + 4 * -(-part // min(512, part))
+    return 2 * (world - 1) * encoded, world * encoded
 
 
 def flat_grad(model: torch.nn.Module) -> torch.Tensor:
@@ -77,7 +102,9 @@ def _hooks(rank: int, world: int) -> dict:
         local = flat_grad(reference)  # this rank's own gradient, never communicated
         result = {"hook": flat_grad(model), "all_local": gather(local, world), "bytes": ctx.stats.bytes_sent,
                   "payload": ctx.stats.payload_bytes, "dense": ctx.stats.dense_bytes}
-        if method not in ("none", "fp16", "bf16", "powersgd"):
+        if method == "fp8":
+            result["expected"] = fp8_mean(result["all_local"])
+        elif method not in ("none", "fp16", "bf16", "powersgd"):
             # What the hook must produce: the mean of every rank's decoded payload (same seeds);
             # signum: their majority vote. At the first step dgc's and signum's memories change
             # nothing that is sent (dgc: v = u = g; signum: m = (1 - beta) g, whose sign is g's).
@@ -106,7 +133,8 @@ def hook_results() -> list[dict]:
 
 @pytest.mark.parametrize("method", HOOK_METHODS)
 def test_ddp_hook_averages_gradients(hook_results, method):
-    """none: exact mean; fp16 within 2e-3 and bf16 within 2e-2 of the largest |mean| entry;
+    """none: exact mean; fp16 within 2e-3 and bf16 within 2e-2 of the largest |mean| entry; fp8 the
+    quantised reduce-scatter's mean of the ranks' gradients bit for bit (fp8_mean);
     powersgd: the same on every rank; compact compressors: identical on every rank and equal
     (to 1e-6) to the mean of each rank's decoded payload (signum: exactly their majority vote)."""
     ranks = [r[method] for r in hook_results]
@@ -125,6 +153,13 @@ def test_ddp_hook_averages_gradients(hook_results, method):
         assert float((got - mean).abs().max()) <= 2e-3 * scale
     elif method == "bf16":
         assert float((got - mean).abs().max()) <= 2e-2 * scale
+    elif method == "fp8":
+        assert torch.equal(got, ranks[0]["expected"])
+        # Each rank's entry within 2^-4 of itself, the sum's over P within 2^-4 of it, and below e4m3's normal
+        # range half a subnormal step of 2^-10 x each chunk's scale; the chunks' peaks bound those scales.
+        local = ranks[0]["all_local"]
+        bound = 2.0**-4 * (local.abs().mean(0) * (1 + 2.0**-4) + mean.abs()) + 2 * 2.0**-10 * float(local.abs().max()) / 448
+        assert ((got - mean).abs() <= bound).all()
     elif method != "powersgd":
         torch.testing.assert_close(got, ranks[0]["expected"], atol=1e-6, rtol=0)
     if method == "signum":  # a vote, not a mean: every coordinate is -1, 0 (a 2-2 tie) or +1
@@ -307,6 +342,7 @@ def test_ddp_hook_counts_bytes_for_the_collective_used(hook_results, method):
         "none": (ring_allreduce_bytes(4 * n, world), 4 * n),
         "fp16": (ring_allreduce_bytes(2 * n, world), 2 * n),
         "bf16": (ring_allreduce_bytes(2 * n, world), 2 * n),
+        "fp8": fp8_mean_bytes(n, world),
         "powersgd": (2 * ring_allreduce_bytes(4 * n, world) + powersgd_bytes(world),
                      2 * 4 * n + 4 * (138 + 276 + 384)),
     }
@@ -538,9 +574,12 @@ def test_sparse_wire_advantage_shrinks_as_the_world_grows():
 
 # --- local SGD ---------------------------------------------------------------------------
 
+LOCALSGD_METHODS = ("none", "fp16", "bf16", "fp8")
+
+
 def _localsgd(rank: int, world: int) -> dict:
     out = {}
-    for method in ("none", "fp16", "bf16"):
+    for method in LOCALSGD_METHODS:
         ctx = SyncContext(rank, world, job_spec(sync="localsgd", method=method, period=2, warmup=2), CommStats())
         torch.manual_seed(0)
         model = MLP(INFO)
@@ -560,19 +599,21 @@ def _localsgd(rank: int, world: int) -> dict:
 
 
 def test_localsgd_averages_every_period_after_warmup():
+    """Two warm-up steps whose gradients go through the method's allreduce exchange, then rounds every 2 steps:
+    the first in fp32 (no reference yet), the others as the method sends the change since the last round."""
     results = run_ranks(_localsgd, 2)
     n, world = N_PARAMS, 2
-    for method in ("none", "fp16", "bf16"):
+    for method in LOCALSGD_METHODS:
         params = results[0][method]["params"]
         same = [torch.equal(p[0], p[1]) for p in params]
         # steps 1-2: gradients allreduced (warm-up); then local steps, averaged after steps 2, 4, 6.
         assert same == [True, True, False, True, False, True], (method, same)
         for p in params:
             assert torch.isfinite(p).all()
-        bpe = 4 if method == "none" else 2
-        grads = 2 * ring_allreduce_bytes(bpe * n, world)
-        averages = 3 * ring_allreduce_bytes(4 * n, world) if method == "none" else \
-            ring_allreduce_bytes(4 * n, world) + 2 * ring_allreduce_bytes(2 * n, world)  # first average in fp32
+        sent = {"none": ring_allreduce_bytes(4 * n, world), "fp16": ring_allreduce_bytes(2 * n, world),
+                "bf16": ring_allreduce_bytes(2 * n, world), "fp8": fp8_mean_bytes(n, world)[0]}[method]
+        grads = 2 * sent
+        averages = ring_allreduce_bytes(4 * n, world) + 2 * sent  # the first average in fp32
         assert results[0][method]["bytes"] == grads + averages, method
 
 
@@ -843,6 +884,80 @@ def test_localsgd_overlap_applies_each_round_a_step_later_mixed_with_the_local_s
             assert got["round"][4] == 2  # the round of step 4 never reached θ
 
 
+# (outer optimizer, overlap, mixing): rounds on 3 ranks (9610 entries: parts of 3204, the last padded)
+FP8_CASES = [("none", 0, 0.0), ("nesterov", 2, 0.25)]
+
+
+def _fp8_rounds(rank: int, world: int) -> dict:
+    """Local SGD with fp8 rounds (warm-up 2, period 4): every rank's parameters before and after each step's
+    exchange, the bytes sent, θ before and after it, and whether a round was in flight with its second phase
+    (the all-gather) started."""
+    out = {}
+    for name, overlap, mixing in FP8_CASES:
+        spec = job_spec(sync="localsgd", method="fp8", period=4, outer={**OUTER, "name": name}, warmup=2,
+                        overlap=overlap, mixing=mixing)
+        torch.manual_seed(0)
+        model = MLP(INFO)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ctx = SyncContext(rank, world, spec, CommStats(), carried=carried_state(spec, model))
+        sync = LocalSGDSync(ctx)
+        ddp = sync.wrap(model)
+        record: dict = {"before": [], "after": [], "sent": [], "theta": [], "advanced": []}
+        for step in range(12):
+            theta = sync.averager.reference
+            record["theta"].append(None if theta is None else theta.clone())
+            b, a, n = _step_and_exchange(rank, world, step, ddp, opt, sync, ctx.stats)
+            pending = sync.averager.pending
+            for key, value in (("before", b), ("after", a), ("sent", n),
+                               ("advanced", pending is not None and getattr(pending.flight, "second", None) is not None)):
+                record[key].append(value)
+        record["theta"].append(sync.averager.reference.clone())
+        out[(name, overlap, mixing)] = record
+    return out
+
+
+def test_localsgd_fp8_rounds_send_the_change_since_theta_as_a_quantised_mean():
+    """fp8 rounds (3 ranks, warm-up 2, period 4: rounds after steps 2, 6, 10). The first has no θ to send the
+    change since: the fp32 average. Each later one sends every rank's change since θ through FP8Mean, so the
+    average it takes is θ + fp8_mean(the changes), the same bits on every rank; without an outer step that is the
+    replicas' new value bit for bit, and with DiLoCo's Nesterov it is the outer step's average (the replay to
+    1e-6). Left in flight for 2 steps, a round starts its all-gather at the step in between and is applied, mixed
+    with the local slice by 0.25, at the second. Each round sends an all-to-all and an all-gather of one part."""
+    ranks = run_ranks(_fp8_rounds, 3)
+    n, world = N_PARAMS, 3
+    wire = fp8_mean_bytes(n, world)[0]
+    for (name, overlap, mixing), got in ranks[0].items():
+        case = (name, overlap, mixing)
+        buf = torch.zeros(n)
+        for sent_at in (2, 6, 10):
+            i, j = sent_at - 1, sent_at - 1 + overlap  # the indices of the steps it is sent and applied after
+            sent, theta = got["before"][i], got["theta"][i]
+            assert got["sent"][i] == (ring_allreduce_bytes(4 * n, world) if sent_at == 2 else wire), (case, sent_at)
+            if sent_at == 2:
+                result = sent.mean(0)
+                exact = False
+            else:
+                average = theta + fp8_mean([sent[r] - theta for r in range(world)])
+                result = average if name == "none" else _nesterov(theta, buf, average)
+                exact = name == "none"
+                off, moved = (average - sent.mean(0)).norm(), (sent.mean(0) - theta).norm()
+                assert 0 < off < 0.05 * moved, (case, sent_at, float(off), float(moved))  # fp8 rounding, small
+            if overlap:
+                two_phase = sent_at > 2  # the first round's fp32 allreduce has one phase
+                assert all(got["advanced"][k] == two_phase for k in range(i + 1, j)) and not got["advanced"][i], case
+                assert all(torch.equal(got["after"][k], got["before"][k]) for k in range(i, j)), case
+            for r in range(world):
+                expected = torch.lerp(result, got["before"][j][r], mixing)
+                if exact:
+                    assert torch.equal(got["after"][j][r], expected), (case, sent_at, r)
+                else:
+                    torch.testing.assert_close(got["after"][j][r], expected, atol=1e-6, rtol=0)
+            if name != "none":
+                torch.testing.assert_close(got["theta"][j + 1], result, atol=1e-6, rtol=0)
+        for r in range(1, world):
+            assert all(torch.equal(ranks[r][case]["after"][k], got["after"][k]) for k in range(12)), (case, r)
+
+
 def _failed_round(rank: int, world: int) -> dict:
     """DiLoCo, rounds after steps 2, 4, 6. The round after step 4 completes on rank 0 but the commit gate's check
     fails on rank 1 (fault-injected: on NCCL a failure is reported after the collective, its result perhaps half
@@ -977,7 +1092,8 @@ def test_localsgd_finishes_as_one_model_with_the_round_the_schedule_would_take_n
         assert got["gate"] == rounds, (case, got["gate"])
 
 
-CONSENSUS_CASES = [("none", "none", 1, 0, 0.0), ("nesterov", "none", 2, 1, 0.25), ("nesterov", "bf16", 1, 0, 0.0)]
+CONSENSUS_CASES = [("none", "none", 1, 0, 0.0), ("nesterov", "none", 2, 1, 0.25), ("nesterov", "bf16", 1, 0, 0.0),
+                   ("none", "fp8", 2, 1, 0.0)]
 
 
 def _localsgd_consensus(rank: int, world: int) -> dict:
@@ -1002,10 +1118,11 @@ def _localsgd_consensus(rank: int, world: int) -> dict:
                 if asking:
                     mine = parameters_to_vector(model.parameters()).detach().clone()
                     sent, asked = ctx.stats.bytes_sent, len(gate)
-                    delta = sync.dtype is not None and sync.averager.reference is not None  # sent as a bf16 change
+                    delta = sync.mean.lossy and sync.averager.reference is not None  # sent as a lossy change
+                    theta = sync.averager.reference.clone() if delta else None
                     got = sync.consensus(ddp, step + 1)
                     seen[step + 1] = {"got": got, "replicas": gather(mine, world), "sent": ctx.stats.bytes_sent - sent,
-                                      "drift": ctx.stats.replica_drift, "delta": delta,
+                                      "drift": ctx.stats.replica_drift, "delta": delta, "theta": theta,
                                       "gate": len(gate) - asked, "pending": sync.averager.pending is not None,
                                       "untouched": torch.equal(parameters_to_vector(model.parameters()), mine)}
             sync.finish(ddp, 10)
@@ -1019,7 +1136,8 @@ def _localsgd_consensus(rank: int, world: int) -> dict:
 def test_localsgd_is_evaluated_and_checkpointed_as_the_replicas_average_without_changing_training():
     """Between rounds local SGD's replicas differ; ``consensus`` (what evaluations measure and checkpoints hold) is
     their average, on every rank, after the commit gate's check (sent as the rounds are: with bf16, the change since
-    θ in 16 bits, so near the exact mean; otherwise the exact mean), while the
+    θ in 16 bits, so near the exact mean; with fp8, θ + fp8_mean of the changes bit for bit, near the mean too;
+    otherwise the exact mean), while the
     parameters stay each rank's own, a round in flight included; each rank reports how far its replica is from
     it (``CommStats.replica_drift``, the ``cohort_replica_drift`` gauge). Asked after every step, it changes nothing in
     training: the models at the end are bit for bit those of the same run not asking. Within the warm-up, and
@@ -1035,14 +1153,18 @@ def test_localsgd_is_evaluated_and_checkpointed_as_the_replicas_average_without_
                 assert s["got"] is None and s["sent"] == 0 and s["gate"] == 0, (case, step)
                 continue
             mean = s["replicas"].mean(0)
+            if s["delta"] and case[1] == "fp8":  # as the rounds send it: fp8's mean of the changes since θ
+                assert torch.equal(s["got"], s["theta"] + fp8_mean([r - s["theta"] for r in s["replicas"]])), (case, step)
             if s["delta"]:  # as the rounds send it: the change since θ in bf16, so near the mean
                 off, moved = (s["got"] - mean).norm(), (s["replicas"][0] - mean).norm()
                 assert off <= 0.05 * moved, (case, step, float(off), float(moved))
             else:
                 assert torch.equal(s["got"], mean), (case, step)
             assert torch.equal(s["got"], ranks[1][case]["seen"][step]["got"]), (case, step)
-            bytes_per = 2 if s["delta"] else 4
-            assert s["sent"] == ring_allreduce_bytes(bytes_per * N_PARAMS, 2) and s["gate"] == 1, (case, step)
+            sent = ring_allreduce_bytes((2 if s["delta"] else 4) * N_PARAMS, 2)
+            if s["delta"] and case[1] == "fp8":
+                sent = fp8_mean_bytes(N_PARAMS, 2)[0]
+            assert s["sent"] == sent and s["gate"] == 1, (case, step)
             for r, rank in enumerate(ranks):  # the drift each rank reports: how far its replica is from the average
                 want = float((s["replicas"][r] - s["got"]).norm() / s["got"].norm())
                 assert rank[case]["seen"][step]["drift"] == pytest.approx(want, rel=1e-5, abs=1e-12), (case, step, r)
@@ -1051,7 +1173,7 @@ def test_localsgd_is_evaluated_and_checkpointed_as_the_replicas_average_without_
         assert all(0 < seen[step]["drift"] < 0.1 for step in apart), (case, [seen[st]["drift"] for st in apart])
         if case[3]:
             assert any(s["pending"] for s in seen.values()), case
-        assert any(s["delta"] for s in seen.values()) == (case[1] == "bf16"), case
+        assert any(s["delta"] for s in seen.values()) == (case[1] != "none"), case
 
 
 

@@ -38,7 +38,8 @@ PAIRS = [("allreduce", "fp16", "-"), ("allreduce", "powersgd", "-"), ("allreduce
          ("allreduce", "qsgd", "-"), ("allreduce", "terngrad", "-"),
          ("allreduce", "signsgd", "-"), ("allreduce", "dgc", "-"), ("allreduce", "threshold", "-"),
          ("allreduce", "natural", "-"), ("allreduce", "onebit", "-"), ("allreduce", "signum", "-"),
-         ("localsgd", "none", "-"), ("localsgd", "fp16", "-"), ("gossip", "none", "-"), ("gossip", "qsgd", "-")]
+         ("allreduce", "fp8", "-"), ("localsgd", "none", "-"), ("localsgd", "fp16", "-"), ("localsgd", "fp8", "-"),
+         ("gossip", "none", "-"), ("gossip", "qsgd", "-")]
 LOCALSGD_PERIOD, LOCALSGD_WARMUP = 2, 2  # so the measured steps hold both local steps and averaging rounds
 KINDS = ("all_reduce", "all_gather_into_tensor", "all_to_all_single", "broadcast", "isend", "barrier")
 # Calibration sizes, bytes per rank: the pairs' calls range from the sparse collective's 16-byte headers to

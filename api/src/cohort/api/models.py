@@ -71,7 +71,7 @@ Strategy = Literal["data", "fsdp", "tensor", "pipeline", "hybrid", "auto"]
 SyncAlgorithm = Literal["allreduce", "gossip", "localsgd"]
 Topology = Literal["ring", "exponential", "random"]
 CompressionMethod = Literal[
-    "none", "fp16", "bf16", "powersgd", "topk", "randomk", "qsgd", "terngrad", "signsgd",
+    "none", "fp16", "bf16", "fp8", "powersgd", "topk", "randomk", "qsgd", "terngrad", "signsgd",
     "dgc", "threshold", "natural", "onebit", "signum"]
 CompressionCollective = Literal["allgather", "sparse", "cyclic", "global"]
 OptimizerName = Literal["sgd", "adamw"]
@@ -93,7 +93,7 @@ PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
 SUPPORTED_COMPRESSION: dict[str, tuple[str, ...]] = {
     "allreduce": CompressionMethod.__args__,  # type: ignore[attr-defined]
     "gossip": ("none", "fp16", "bf16", "topk", "randomk", "qsgd", "terngrad", "signsgd"),
-    "localsgd": ("none", "fp16", "bf16"),
+    "localsgd": ("none", "fp16", "bf16", "fp8"),
 }
 ALL_COMPRESSION: tuple[str, ...] = CompressionMethod.__args__  # type: ignore[attr-defined]
 # Methods that keep a momentum of their own (compression.momentum) and apply it before
@@ -354,7 +354,7 @@ class Compression:
                              "whole DDP bucket (or gossip vector), so a small layer that shares a bucket with a "
                              "large one keeps its share.")
     levels: int = field(256, minimum=2, doc="Quantisation levels for qsgd.")
-    chunk_size: int = field(512, minimum=1, doc="Elements that share one scale in qsgd, terngrad and onebit (QSGD's "
+    chunk_size: int = field(512, minimum=1, doc="Elements that share one scale in qsgd, terngrad, onebit and fp8 (QSGD's "
                             "bucket size d): the error is bounded per chunk, whatever else shares the DDP bucket. "
                             "Each chunk's fp32 scale travels (4 bytes; onebit: two, 8 bytes).")
     threshold: float = field(0.001, minimum=0, exclusive_minimum=True,

@@ -9,8 +9,8 @@ Everything Cohort knows about one ``spec.compression.method`` lives in its class
 - ``ddp_hook(ctx)``: how ``sync.algorithm: allreduce`` communicates with it
   (None: DDP's built-in dense allreduce);
 - ``consensus_step()``: CHOCO-gossip's step size for it (``sync.algorithm: gossip``);
-- ``localsgd_dtype()``: the dtype local SGD's averaging rounds are cast to.
-  A method without a gossip step or a local-SGD cast raises
+- ``localsgd_mean()``: how local SGD's averaging rounds travel (sync/mean.py).
+  A method without a gossip step or a local-SGD mean raises
   :class:`Unsupported` there.
 
 The strategies a method runs under are an admission rule (compression acts on
@@ -51,6 +51,7 @@ import torch.distributed as dist
 from cohort.api.models import SUPPORTED_COMPRESSION
 
 from ..sync.base import SyncContext, allgather_bytes
+from ..sync.mean import Mean
 from .error_feedback import BucketLayouts, ErrorFeedback
 from .hooks import Hook
 
@@ -138,8 +139,9 @@ class Method(ABC):
         """
         raise Unsupported(f"compression {self.name} cannot gossip")
 
-    def localsgd_dtype(self) -> torch.dtype:
-        """The dtype local SGD's averaging rounds travel in (sync/localsgd.py)."""
+    def localsgd_mean(self) -> Mean:
+        """How local SGD's averaging rounds travel (sync/localsgd.py); its warm-up's gradients go through
+        ``ddp_hook``."""
         raise Unsupported(f"compression {self.name} cannot run local SGD")
 
 

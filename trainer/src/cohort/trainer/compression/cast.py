@@ -17,6 +17,7 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from ..sync.base import SyncContext
+from ..sync.mean import CastMean, Mean
 from .base import Compressor
 from .hooks import Hook, accounted, bf16_hook
 from .packing import pack_floats, unpack_floats
@@ -43,8 +44,8 @@ class _Cast(Compressor):
     def consensus_step(self) -> float:
         return 1.0  # (nearly) exact: gossip is plain averaging
 
-    def localsgd_dtype(self) -> torch.dtype:
-        return self.dtype
+    def localsgd_mean(self) -> Mean:
+        return CastMean(self.dtype)
 
 
 class FP32(_Cast):

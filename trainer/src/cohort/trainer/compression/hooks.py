@@ -57,23 +57,6 @@ def bf16_hook(group: dist.ProcessGroup | None, bucket: dist.GradBucket) -> torch
     return fut.then(decompress)
 
 
-def cast_wrapper(hook: Hook, dtype: torch.dtype) -> Hook:
-    """Run ``hook`` on the bucket cast to ``dtype`` (torch's fp16/bf16_compress_wrapper, for any backend)."""
-    if dtype == torch.float16:
-        return default_hooks.fp16_compress_wrapper(hook)
-
-    def run(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        buffer = bucket.buffer()
-        bucket.set_buffer(buffer.to(dtype))
-        fut = hook(state, bucket)
-
-        def decompress(f: torch.futures.Future[Any]) -> torch.Tensor:
-            buffer.copy_(f.value())
-            return buffer
-        return fut.then(decompress)
-    return run
-
-
 # --- PowerSGD -------------------------------------------------------------------
 
 def powersgd_hook(ctx: SyncContext, rank: int, error_feedback: bool) -> tuple[powerSGD_hook.PowerSGDState, Hook]:

@@ -7,6 +7,7 @@ from typing import Any
 from .base import Method
 from .cast import BF16, FP16, FP32
 from .dgc import DGC
+from .fp8 import FP8
 from .powersgd import PowerSGD
 from .quantize import QSGD, Natural, TernGrad
 from .sign import OneBit, ScaledSign, Signum
@@ -16,6 +17,7 @@ METHODS: dict[str, type[Method]] = {
     "none": FP32,
     "fp16": FP16,
     "bf16": BF16,
+    "fp8": FP8,
     "powersgd": PowerSGD,
     "topk": TopK,
     "randomk": RandomK,

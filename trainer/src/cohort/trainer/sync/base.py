@@ -33,7 +33,7 @@ class CommStats:
         self.clock = clock          # timing.DeviceClock.mark on a device: marks are stream events
         self.hooks = 0              # gradient buckets handed to communication so far
         self.last_hook: Any = None  # the clock's mark at the last hand-off
-        # How far this replica was from the replicas' average when last measured (Sync.average, for an
+        # How far this replica was from the replicas' average when last measured (sync/mean.py average, for an
         # evaluation or a periodic checkpoint of gossip or local SGD): ||mine - average|| / ||average||.
         self.replica_drift = 0.0
 
@@ -103,25 +103,3 @@ class Sync(ABC):
         ``parameters_to_vector``'s order, which evaluations measure and checkpoints hold (sync/flat.py); None
         when the replicas are one model already (allreduce's always; gossip's and local SGD's after ``finish``)."""
         return None
-
-    def average(self, mine: torch.Tensor, reference: torch.Tensor | None = None,
-                dtype: torch.dtype | None = None) -> torch.Tensor:
-        """Collective: the replicas' average of the flat ``mine`` (a new tensor), once the commit gate's check
-        passes (on NCCL a failed allreduce may have written part of it). With a ``reference`` every rank holds bit
-        for bit and a 16-bit ``dtype``, what travels is the change since it in that dtype, as local SGD's rounds
-        send it."""
-        world = self.ctx.world_size
-        if reference is not None and dtype is not None:
-            sent = (mine - reference).div_(world).to(dtype)
-            dist.all_reduce(sent, group=self.ctx.group)
-            avg = reference + sent.float()
-        else:
-            sent = mine.clone()
-            dist.all_reduce(sent, group=self.ctx.group)
-            avg = sent.div_(world)
-        wire = ring_allreduce_bytes(sent.element_size() * sent.numel(), world)
-        self.ctx.stats.record(wire, 0, 0)  # wire only: not a sync payload
-        self.ctx.check_gate()
-        self.ctx.stats.replica_drift = float(torch.dist(mine.float(), avg.float())
-                                             / torch.linalg.vector_norm(avg.float()).clamp_min(1e-30))
-        return avg

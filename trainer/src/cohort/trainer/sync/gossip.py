@@ -44,6 +44,7 @@ from . import topology
 from .base import Sync, SyncContext
 from .flat import write_flat
 from .gossip_exchange import Link, PeerExchange
+from .mean import average
 
 log = get_logger(__name__)
 
@@ -194,7 +195,7 @@ class GossipSync(Sync):
         if self.ctx.world_size <= 1 or self.agreed:
             return None
         self.settle(model)
-        return self.average(parameters_to_vector(model.parameters()).detach())
+        return average(self.ctx, parameters_to_vector(model.parameters()).detach())
 
     def finish(self, model: nn.Module, step: int) -> None:
         """Every replica takes the average, so the job ends with the model its evaluations measured."""

@@ -28,17 +28,15 @@ round is a plain average and the momentum starts again).
 averages one of F slices of the flat parameter vector, and its allreduce may run behind the next inner steps
 (``async_op``), the parameters taking it ``overlapSteps`` later, mixed with the local slice by ``sync.mixing``.
 
-fp16/bf16 apply to both exchanges: the warm-up gradients (torch's
-``fp16_compress_wrapper``; a cast wrapper of Cohort's for bf16, which torch
-limits to NCCL) and the averaging, which sends the change since the previous
-average in 16 bits (every rank holds that previous average bit for bit), so
-rounding touches the small update, not the weights.
+fp16, bf16 and fp8 apply to both exchanges: the warm-up's gradients go through the method's DDP hook (as under
+``sync.algorithm: allreduce``), and the averaging sends the change since the previous average in 16 or 8 bits
+(sync/mean.py; every rank holds that previous average bit for bit), so rounding touches the small update, not the
+weights. The local steps after the warm-up use their gradients as they are.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,12 +50,12 @@ from torch.nn.utils import parameters_to_vector
 
 from cohort.api.models import OuterOptimizer, TrainingJobSpec
 
-from ..compression.hooks import cast_wrapper
 from ..compression.registry import build_method
 from ..log import get_logger
 from .allreduce import timed_hook
 from .base import Sync, SyncContext, ring_allreduce_bytes
 from .flat import slice_views, write_flat
+from .mean import FP32_MEAN, InFlight, Mean, average
 
 log = get_logger(__name__)
 
@@ -134,29 +132,27 @@ def fragment_bounds(numel: int, fragments: int) -> list[tuple[int, int]]:
 
 @dataclass
 class _Round:
-    """A round sent and not yet applied: its step, its slice of the flat vector, what travels (the slice over
-    the world size; ``delta``: in 16 bits, the change since the reference), the allreduce's handle, and the step
-    at which the parameters take it."""
+    """A round sent and not yet applied: its step, its slice of the flat vector, its mean in flight (``delta``:
+    of the change since the reference, lossily), and the step at which the parameters take it."""
 
     step: int
     bounds: tuple[int, int]
-    sent: torch.Tensor
+    flight: InFlight
     delta: bool
-    work: Any
     due: int
 
 
 class CastPeriodicAverager(PeriodicModelAverager):
-    """torch's PeriodicModelAverager, with the averaged quantity optionally cast to 16 bits, an outer step, the
+    """torch's PeriodicModelAverager, with the averaged quantity optionally sent lossily (``mean``), an outer step, the
     commit gate's check before the parameters take a round's result, fragments (Streaming DiLoCo's schedule:
     fragment f's round at the step f x period / F into each period), and its overlap: a round's allreduce
     sent at its step and applied ``overlap`` steps later, mixed with the local slice by ``mixing``."""
 
     def __init__(self, period: int, warmup_steps: int, group: dist.ProcessGroup | None, ctx: SyncContext,
-                 dtype: torch.dtype | None, outer: OuterStep | None = None, fragments: int = 1,
+                 mean: Mean, outer: OuterStep | None = None, fragments: int = 1,
                  overlap: int = 0, mixing: float = 0.0):
         super().__init__(period=period, warmup_steps=warmup_steps, process_group=group)
-        self.ctx, self.dtype, self.outer = ctx, dtype, outer
+        self.ctx, self.mean, self.outer = ctx, mean, outer
         self.last: torch.Tensor | None = None  # without an outer step: the last round's average
         self.offsets = {f * period // fragments: f for f in range(fragments)}  # step into the period -> fragment
         self.fragments, self.overlap, self.mixing = fragments, overlap, mixing
@@ -164,7 +160,7 @@ class CastPeriodicAverager(PeriodicModelAverager):
 
     @property
     def reference(self) -> torch.Tensor | None:
-        """The last round's parameters, identical on every rank (16-bit rounds send the change since them)."""
+        """The last round's parameters, identical on every rank (lossy rounds send the change since them)."""
         return self.outer.params if self.outer is not None else self.last
 
     def average_parameters(self, params: Any) -> None:
@@ -174,12 +170,14 @@ class CastPeriodicAverager(PeriodicModelAverager):
         if fragment is not None:
             assert self.pending is None, "admission keeps overlap below period / fragments"
             n = sum(p.numel() for p in params)
-            needs_reference = self.outer is not None or self.dtype is not None
+            needs_reference = self.outer is not None or self.mean.lossy
             # Without an agreed reference (a world's first round with one in use) every fragment is averaged.
             whole = needs_reference and self.reference is None
             self.pending = self._send(params, (0, n) if whole else fragment_bounds(n, self.fragments)[fragment])
         if self.pending is not None and self.pending.due == self.step:
             self._apply_pending(params)
+        elif self.pending is not None and self.pending.step < self.step:  # sent earlier: its next phase may start
+            self.pending.flight.advance()
         self.step += 1
 
     def finish(self, params: Any, step: int) -> None:
@@ -218,33 +216,31 @@ class CastPeriodicAverager(PeriodicModelAverager):
         return [cut for cut, m in zip(cuts, moved.tolist(), strict=True) if m]
 
     def _send(self, params: list[torch.Tensor], bounds: tuple[int, int]) -> _Round:
-        """Start this step's round: the slice ``bounds`` of the parameters, averaged by an allreduce left
-        running."""
-        (a, b), world, reference = bounds, self.ctx.world_size, self.reference
+        """Start this step's round: the mean of the slice ``bounds`` of the parameters, left running. Lossy rounds
+        send the change since the reference; without an agreed reference yet the mean is fp32's."""
+        (a, b), reference = bounds, self.reference
         x = torch.cat(slice_views(params, a, b))  # a copy: the parameters train on while it travels
-        if reference is None or self.dtype is None:  # no agreed reference yet, or none needed: the average is fp32
-            self.ctx.stats.record(ring_allreduce_bytes(4 * (b - a), world), 4 * (b - a), 4 * (b - a))
-            sent, delta = x.div_(world), False
-        else:
-            self.ctx.stats.record(ring_allreduce_bytes(2 * (b - a), world), 2 * (b - a), 4 * (b - a))
-            sent, delta = (x - reference[a:b]).div_(world).to(self.dtype), True
-        work = dist.all_reduce(sent, group=self.process_group, async_op=True)
-        return _Round(self.step, (a, b), sent, delta, work, self.step + self.overlap)
+        delta = reference is not None and self.mean.lossy
+        if reference is not None and delta:
+            x = x - reference[a:b]
+        flight = (self.mean if delta else FP32_MEAN).start(x, self.process_group, self.ctx.world_size)
+        self.ctx.stats.record(flight.wire_bytes, flight.payload_bytes, 4 * (b - a))
+        return _Round(self.step, (a, b), flight, delta, self.step + self.overlap)
 
     def _apply(self, params: list[torch.Tensor], round_: _Round, mixing: float) -> None:
         """The parameters take a finished round, once the commit gate's check passes: a failed round changes
         nothing, neither the parameters nor θ (on NCCL its result may be half written). ``mixing`` of the
         local slice stays in it."""
-        round_.work.wait()
+        mean = round_.flight.wait()
         a, b = round_.bounds
         reference = self.reference  # unchanged since the round was sent: one round in flight at a time
-        average = reference[a:b] + round_.sent.float() if round_.delta and reference is not None else round_.sent
+        average = reference[a:b] + mean if round_.delta and reference is not None else mean
         self.ctx.check_gate()
         if self.outer is not None:
             result = self.outer(average, round_.step, (a, b))  # θ's slice, apart from the parameters
         else:
             result = average
-            if self.dtype is not None:
+            if self.mean.lossy:
                 if self.last is None:  # the first round averaged the whole vector
                     self.last = average.clone()
                 else:
@@ -259,8 +255,8 @@ class LocalSGDSync(Sync):
     def __init__(self, ctx: SyncContext):
         super().__init__(ctx)
         self.warmup_steps = ctx.spec.sync.warmup_steps
-        dtype = build_method(ctx.spec.compression).localsgd_dtype()  # admission refuses the others
-        self.dtype = None if dtype == torch.float32 else dtype  # None: the average in fp32
+        self.method = build_method(ctx.spec.compression)
+        self.mean = self.method.localsgd_mean()  # admission refuses the methods without one
         self.hook_state: plsgd.PostLocalSGDState | None = None
         self.averager: CastPeriodicAverager | None = None
 
@@ -279,7 +275,7 @@ class LocalSGDSync(Sync):
             ddp = DDP(model, process_group=self.ctx.group, broadcast_buffers=False)
         ddp.register_comm_hook(self.hook_state, timed_hook(self._hook(), self.ctx.stats))
         self.averager = CastPeriodicAverager(max(1, int(self.ctx.spec.sync.period)), self.warmup_steps,
-                                             self.ctx.group, self.ctx, self.dtype, self._outer_step(model),
+                                             self.ctx.group, self.ctx, self.mean, self._outer_step(model),
                                              self.ctx.spec.sync.fragments, self.ctx.spec.sync.overlap_steps,
                                              self.ctx.spec.sync.mixing)
         return ddp
@@ -302,26 +298,27 @@ class LocalSGDSync(Sync):
         return outer
 
     def _hook(self) -> Any:
-        hook: Callable[..., Any] = plsgd.post_localSGD_hook
-        if self.dtype is not None:
-            hook = cast_wrapper(hook, self.dtype)
-        ctx, bpe = self.ctx, 4 if self.dtype is None else 2
+        """Within the warm-up, the method's exchange under ``allreduce`` (none: torch's hook allreduces in fp32);
+        afterwards torch's hook, whose allreduce is over a group of one: the local gradients as they are."""
+        ctx, warmup = self.ctx, self.method.ddp_hook(self.ctx)
 
-        def accounted(state: plsgd.PostLocalSGDState, bucket: dist.GradBucket) -> Any:
-            if state.iter < state.start_localSGD_iter:  # global allreduce; afterwards a group of one
+        def run(state: plsgd.PostLocalSGDState, bucket: dist.GradBucket) -> Any:
+            if state.iter < state.start_localSGD_iter:
+                if warmup is not None:
+                    return warmup[1](warmup[0], bucket)
                 n = bucket.buffer().numel()
-                ctx.stats.record(ring_allreduce_bytes(bpe * n, ctx.world_size), bpe * n, 4 * n)
-            return hook(state, bucket)
-        return accounted
+                ctx.stats.record(ring_allreduce_bytes(4 * n, ctx.world_size), 4 * n, 4 * n)
+            return plsgd.post_localSGD_hook(state, bucket)
+        return run
 
     def consensus(self, model: nn.Module, step: int) -> torch.Tensor | None:
-        """The replicas' average, sent as the rounds are (fp16/bf16: the change since θ); None within the warm-up
+        """The replicas' average, sent as the rounds are (lossily: the change since θ); None within the warm-up
         (the allreduced gradients keep the replicas identical) and after ``finish``. A round in flight is left to
         its schedule: the average is of the parameters."""
         if self.averager is None or self.agreed or step <= self.warmup_steps:
             return None
         mine = parameters_to_vector(model.parameters()).detach()
-        return self.average(mine, self.averager.reference, self.dtype)
+        return average(self.ctx, mine, self.averager.reference, self.mean)
 
     def finish(self, model: nn.Module, step: int) -> None:
         if self.averager is not None:
