@@ -1026,9 +1026,11 @@ def phase_features(ph: Phase) -> None:
         ("gossip", {"sync": {"algorithm": "gossip", "topology": "ring", "period": 1}, **between_rounds}),
         ("fsdp", {"parallelism": {"strategy": "fsdp"}}),
         ("topk", {"sync": {"algorithm": "allreduce"}, "compression": {"method": "topk", "ratio": 0.01}}),
-        # Streaming DiLoCo with its overlap: each round's allreduce left running on NCCL's stream for a step
+        # Streaming DiLoCo with its overlap and fp8 outer gradients: each round's all-to-all of e4m3 codes left
+        # running on NCCL's stream for a step, then its all-gather; the warm-up's buckets go the same way
         ("diloco-overlap", {"sync": {"algorithm": "localsgd", "period": 8, "warmupSteps": 4, "fragments": 2,
-                                     "overlapSteps": 1, "outerOptimizer": {"name": "nesterov"}}, **between_rounds}),
+                                     "overlapSteps": 1, "outerOptimizer": {"name": "nesterov"}},
+                            "compression": {"method": "fp8"}, **between_rounds}),
     ]
     out: dict[str, Any] = {}
     for i, (tag, spec) in enumerate(runs):  # spec: TrainingJob spec sections; "workload": fields over small_lm's
