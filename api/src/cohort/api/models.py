@@ -92,7 +92,7 @@ PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
 # config parser runs too) and docs/api.md derive from it.
 SUPPORTED_COMPRESSION: dict[str, tuple[str, ...]] = {
     "allreduce": CompressionMethod.__args__,  # type: ignore[attr-defined]
-    "gossip": ("none", "fp16", "bf16", "topk", "randomk", "qsgd", "terngrad", "signsgd"),
+    "gossip": ("none", "fp16", "bf16", "fp8", "topk", "randomk", "qsgd", "terngrad", "signsgd"),
     "localsgd": ("none", "fp16", "bf16", "fp8"),
 }
 ALL_COMPRESSION: tuple[str, ...] = CompressionMethod.__args__  # type: ignore[attr-defined]
