@@ -14,7 +14,8 @@ included) decodes the same way, so the replicas take the same bits. A rank sends
 half of a bf16 ring allreduce, a quarter of fp32's.
 
 Under ``sync.algorithm: localsgd`` it carries the rounds' change since θ (DiLoCo's outer gradient: torchft's
-DiLoCo quantises it to fp8 the same way) and the warm-up's gradients; under ``allreduce``, the gradients.
+DiLoCo quantises it to fp8 the same way) and the warm-up's gradients; under ``allreduce``, the gradients; under
+``gossip``, CHOCO's differences, as a payload (``encode``) to each neighbour.
 Its two phases run one after the other: a round left in flight (``sync.overlapSteps``) starts the all-gather at
 the step after it was sent (``advance``), a DDP bucket as soon as its all-to-all has arrived.
 """
