@@ -53,10 +53,12 @@ def chunks(numel: int, chunk_size: int) -> int:
 
 
 def as_rows(x: torch.Tensor, chunk_size: int) -> torch.Tensor:
-    """``x`` zero-padded to whole chunks, one chunk per row."""
+    """``x`` zero-padded to whole chunks, one chunk per row: a view of ``x`` when it needs no padding (its
+    callers only read it; a padded copy cost as long as the codec's arithmetic on a 25 MiB bucket)."""
     d = min(chunk_size, max(1, x.numel()))
     m = chunks(x.numel(), d)
-    return F.pad(x, (0, m * d - x.numel())).view(m, d)
+    pad = m * d - x.numel()
+    return F.pad(x, (0, pad)).view(m, d) if pad else x.reshape(m, d)
 
 
 def _flat(rows: torch.Tensor, numel: int) -> torch.Tensor:
