@@ -1177,6 +1177,45 @@ def test_localsgd_is_evaluated_and_checkpointed_as_the_replicas_average_without_
 
 
 
+def _averages_per_step(rank: int, world: int, port: int, root: str) -> dict:
+    """DiLoCo (period 2, warm-up 2) trained 8 steps by the real Trainer, evaluating and saving every 4 steps: the
+    steps at which the sync computed the replicas' average (``consensus``), and what it returned."""
+    from gloo_ranks import run_trainer
+
+    from cohort.api.jobconfig import from_manifest
+
+    calls: list[tuple[int, bool]] = []
+    real = LocalSGDSync.consensus
+
+    def counted(self, model, step):
+        got = real(self, model, step)
+        calls.append((step, got is not None))
+        return got
+    LocalSGDSync.consensus = counted
+    spec = {"workload": {"model": "mlp", "dataset": "digits", "modelArgs": {"hidden": 16}, "epochs": 0,
+                         "maxSteps": 8, "batchSize": 8, "evalEveryEpochs": 0, "evalEverySteps": 4},
+            "sync": {"algorithm": "localsgd", "period": 2, "warmupSteps": 2, "outerOptimizer": {"name": "nesterov"}},
+            "replicas": {"min": 2, "max": 2, "target": 2},
+            "checkpoint": {"everySteps": 4, "keep": 1, "async": False, "path": f"{root}/ck"}}
+    cfg = from_manifest({"apiVersion": "cohort.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "avg"},
+                         "spec": spec})
+    summary = run_trainer(rank, world, port, cfg, {"COHORT_METRICS_PORT": "0", "COHORT_POD_NAME": f"avg-{rank}",
+                                                   "COHORT_TERMINATION_LOG": f"{root}/avg-{rank}.summary"})[1]
+    return {"calls": calls, "step": summary["step"]}
+
+
+def test_an_evaluation_and_a_save_due_at_the_same_step_share_one_average(tmp_path):
+    """At step 4 an evaluation and a periodic save are both due: the replicas' average (a collective of the whole
+    model, on a slow link the cost local SGD avoids) is computed once and serves both; at the end, after finish,
+    the evaluation asks once and the replicas are one model already (None, nothing sent). Red with the average
+    computed for each (two calls at step 4)."""
+    from cohort.trainer.runtime.ports import free_ports
+
+    ranks = run_ranks(_averages_per_step, 2, free_ports(1)[0], str(tmp_path), group=False)
+    for r in ranks:
+        assert r["step"] == 8 and r["calls"] == [(4, True), (8, False)], r
+
+
 # --- gossip ------------------------------------------------------------------------------
 
 def _disagreement(model: torch.nn.Module, world: int) -> tuple[float, torch.Tensor]:

@@ -156,6 +156,9 @@ class Trainer:
         self.recovery_source = ""
         self.loss_ema: float | None = None
         self.eval_result: dict[str, float] = {}
+        # The replicas' average at a step, shared by an evaluation and a save due at that step (one collective, not
+        # two); dropped when the next step starts, and tied to the plan it came from (a new world makes its own).
+        self._average: tuple[Any, int, torch.Tensor | None] | None = None
         self.clock = StepClock()
         self.last_wall = 0.0
         self.first_step_pending = False
@@ -428,6 +431,7 @@ class Trainer:
 
     def _step(self, size: int) -> None:
         assert self.plan is not None
+        self._average = None  # before the step allocates: the average of the step before is done with
         step, dp_rank = self.state.step, self.plan.dp_rank
         self.faults.before_step(self.rank, step)
         idx = self.sampler.indices(dp_rank, size)
@@ -563,7 +567,7 @@ class Trainer:
         was_training = module.training
         module.eval()
         sums: dict[str, float] = {}
-        one = self.plan.consensus(self.state.step)  # replicas that train apart: the model they make (as saved)
+        one = self._consensus()  # replicas that train apart: the model they make (as saved)
         with torch.no_grad(), holding(list(self.model.parameters()), one):
             # Batches of 4 x batchSize: no activations are kept for a backward, but the outputs (an lm's
             # logits: batch x seq x vocab) are as large as the training step's.
@@ -599,13 +603,20 @@ class Trainer:
         self._arm_timeout(self.timeouts.long_s)  # the others wait in the next step while it saves
         with self.ledger.during("checkpoint"):
             # Every rank decided this save (a final one may be rank 0's alone: it holds its own replica).
-            params = None if final else self.plan.consensus(self.state.step)
+            params = None if final else self._consensus()
             if self.plan.replicated and self.rank != 0:
                 return True
             meta = {"worldSize": self.world.size if self.world else 1, "plan": self.plan.describe()}
             self.ckpt.save(self.state.step, self.state.checkpoint_state(params), meta, coordinator=self.rank == 0,
                            sharded=not self.plan.replicated, group=self.plan.checkpoint_group)
         return True
+
+    def _consensus(self) -> torch.Tensor | None:
+        """Collective: the plan's consensus at this step (``Plan.consensus``), computed once per step and plan."""
+        assert self.plan is not None
+        if self._average is None or self._average[0] is not self.plan or self._average[1] != self.state.step:
+            self._average = (self.plan, self.state.step, self.plan.consensus(self.state.step))
+        return self._average[2]
 
     def _excluded(self) -> bool:
         """The newest world leaves this worker out (suspend, eviction, scale-down, replacement)."""
@@ -632,6 +643,7 @@ class Trainer:
         self.ledger.switch("finishing")
         if self.plan is not None:  # replicas that trained apart become one: the model saved and evaluated
             self.plan.finish(self.state.step)
+        self._average = None  # one taken at this step (an epoch's end) is not the model finish made
         self._maybe_checkpoint(final=True)  # before the evaluation: durable even if a peer is lost in it
         self.evaluate()
         with self.ledger.during("checkpoint"):
