@@ -718,6 +718,17 @@ def test_localsgd_outer_step_is_sgd_on_the_rounds_pseudo_gradient():
             assert got[6] == ring_allreduce_bytes((4 if method == "none" else 2) * n, 2), (method, got[6])
 
 
+def _carrying_world(rank: int, world: int, spec) -> tuple:
+    """A seeded MLP, its SGD, and a local-SGD world on the state the trainer would carry: (model, opt, ctx, sync,
+    the wrapped module)."""
+    torch.manual_seed(0)
+    model = MLP(INFO)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ctx = SyncContext(rank, world, spec, CommStats(), carried=carried_state(spec, model))
+    sync = LocalSGDSync(ctx)
+    return model, opt, ctx, sync, sync.wrap(model)
+
+
 FRAGMENT_CASES = [("none", "none"), ("none", "bf16"), ("nesterov", "none"), ("nesterov", "bf16")]
 
 
@@ -728,12 +739,7 @@ def _fragments(rank: int, world: int) -> dict:
     for name, method in FRAGMENT_CASES:
         spec = job_spec(sync="localsgd", method=method, period=4, outer={**OUTER, "name": name}, warmup=2,
                         fragments=2)
-        torch.manual_seed(0)
-        model = MLP(INFO)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        ctx = SyncContext(rank, world, spec, CommStats(), carried=carried_state(spec, model))
-        sync = LocalSGDSync(ctx)
-        ddp = sync.wrap(model)
+        model, opt, ctx, sync, ddp = _carrying_world(rank, world, spec)
         before, after, sent = [], [], []
         for step in range(10):
             b, a, n = _step_and_exchange(rank, world, step, ddp, opt, sync, ctx.stats)
@@ -896,12 +902,7 @@ def _fp8_rounds(rank: int, world: int) -> dict:
     for name, overlap, mixing in FP8_CASES:
         spec = job_spec(sync="localsgd", method="fp8", period=4, outer={**OUTER, "name": name}, warmup=2,
                         overlap=overlap, mixing=mixing)
-        torch.manual_seed(0)
-        model = MLP(INFO)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        ctx = SyncContext(rank, world, spec, CommStats(), carried=carried_state(spec, model))
-        sync = LocalSGDSync(ctx)
-        ddp = sync.wrap(model)
+        model, opt, ctx, sync, ddp = _carrying_world(rank, world, spec)
         record: dict = {"before": [], "after": [], "sent": [], "theta": [], "advanced": []}
         for step in range(12):
             theta = sync.averager.reference

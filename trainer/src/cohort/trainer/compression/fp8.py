@@ -52,7 +52,7 @@ class FP8(Compressor):
     Config = FP8Config
 
     def payload_nbytes(self, numel: int) -> int:
-        return 4 * chunks(numel, min(self.config.chunk_size, max(1, numel))) + numel
+        return 4 * chunks(numel, self.config.chunk_size) + numel
 
     def encode(self, x: torch.Tensor, seed: int = 0) -> torch.Tensor:
         """The chunks' fp32 scales, then one e4m3 code per element. A chunk of zeros has scale 0; a chunk with a
@@ -65,7 +65,7 @@ class FP8(Compressor):
         return torch.cat([pack_floats(peaks / E4M3_MAX), codes.to(E4M3).view(torch.uint8).reshape(-1)[:n]])
 
     def decode(self, payload: torch.Tensor, numel: int, seed: int = 0) -> torch.Tensor:
-        m = chunks(numel, min(self.config.chunk_size, max(1, numel)))
+        m = chunks(numel, self.config.chunk_size)
         scales = unpack_floats(payload[:4 * m])
         codes = payload[4 * m:4 * m + numel].view(E4M3).float()
         return (as_rows(codes, self.config.chunk_size) * scales.unsqueeze(1)).reshape(-1)[:numel]
@@ -143,8 +143,7 @@ def _hook(ctx: SyncContext) -> Hook:
     """``sync.algorithm: allreduce`` (and local SGD's warm-up): each DDP bucket's mean through :class:`FP8Mean`."""
     def run(mean: FP8Mean, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         grad = bucket.buffer()
-        flight = mean.start(grad, ctx.group, ctx.world_size)
-        assert isinstance(flight, _Quantised)
+        flight = _Quantised(mean.codec, grad, ctx.group, ctx.world_size)
         ctx.stats.record(flight.wire_bytes, flight.payload_bytes, 4 * grad.numel())
 
         def take(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
