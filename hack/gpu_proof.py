@@ -14,7 +14,8 @@ error and the next one still runs:
   model) of a GPT-2-small shape, 12 layers, dim 768, 12 heads, seq 1024, vocab 50304, batch 16, bf16
   autocast, torch.compile per block, AdamW: tokens/s and MFU over timed steps after warm-up (the
   FLOPs of throughput.py's Throughput.of), step-time median and spread, peak memory, and a profiler
-  table of the top 15 kernels (OUTDIR/plain_kernels.txt).
+  table of the top 15 kernels (OUTDIR/plain_kernels.txt); then each workload.activationCheckpointing
+  mode on a fresh eager copy of the model: its peak allocated memory and median step.
 - cohort: the same model and batch through ``cohort run --local --workers 1`` (synthetic-lm, bf16,
   compile), maxSteps sized from the plain loop's step time to train about 65 s: tokens/s, MFU and
   the ratio to the plain loop of this invocation.
@@ -522,6 +523,48 @@ def phase_plain(ph: Phase) -> None:
         ph.record(profile=profile_kernels(step, device, ph.out / "plain_kernels.txt"))
     except Exception as e:
         ph.record(profile={"error": f"{type(e).__name__}: {e}"[:1000]})
+    if ph.left() < 25:
+        ph.record(activation_checkpointing={"error": "skipped: too little time left"})
+        return
+    try:
+        ph.record(activation_checkpointing=checkpointing_memory(shape, device, x, y))
+    except Exception as e:
+        ph.record(activation_checkpointing={"error": f"{type(e).__name__}: {e}"[:1000]})
+
+
+def checkpointing_memory(shape: dict[str, int], device: Any, x: Any, y: Any) -> dict[str, Any]:
+    """Each workload.activationCheckpointing mode on the same model and batch, eager, bf16 autocast: the device's
+    peak allocated memory over 4 steps (torch.cuda.max_memory_allocated; on the CPU none), what was allocated
+    before the mode's model was built (the phase's compiled model is still resident), and the median step."""
+    import torch
+
+    from cohort.trainer.parallel.activation_checkpoint import apply_activation_checkpointing
+    from cohort.trainer.workloads.workload import cross_entropy
+
+    out: dict[str, Any] = {}
+    for mode in ("none", "full", "selective"):
+        resident = None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+            resident = torch.cuda.memory_allocated(device)
+        model = apply_activation_checkpointing(build_model(shape, device), mode)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+        times = []
+        for _ in range(4):
+            s = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            sync(device)
+            times.append(time.perf_counter() - s)
+        out[mode] = {"step_s_median_of_last_3": round(statistics.median(times[1:]), 5), "loss": round(float(loss), 4),
+                     "resident_before_bytes": resident,
+                     "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None}
+        del model, opt, loss
+    return out
 
 
 def profile_kernels(step: Any, device: Any, path: Path) -> dict[str, Any]:

@@ -28,12 +28,13 @@ STEPS = 30
 
 
 def lm_manifest(name: str, strategy: str, *, dp: int, tensor: int = 1, pipeline: int = 1, microbatches: int = 4,
-                schedule: str = "1f1b", steps: int = STEPS, every: int = 0) -> dict:
+                schedule: str = "1f1b", steps: int = STEPS, every: int = 0, ac: str = "none") -> dict:
     return {"apiVersion": "cohort.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": name},
             "spec": {"workload": {"model": "transformer", "dataset": "synthetic-lm", "epochs": 0, "maxSteps": steps,
                                   "batchSize": GLOBAL_BATCH // dp,
                                   "modelArgs": {"dim": 32, "n_layers": 2, "n_heads": 4},
-                                  "optimizer": {"name": "adamw", "lr": 0.01, "lrScaling": "none"}},
+                                  "optimizer": {"name": "adamw", "lr": 0.01, "lrScaling": "none"},
+                                  "activationCheckpointing": ac},
                      # admission wants min and max to be multiples of tensor x pipeline
                      "replicas": {"min": tensor * pipeline, "max": 8, "target": max(2, tensor * pipeline)},
                      "parallelism": {"strategy": strategy, "tensor": tensor, "pipeline": pipeline,
@@ -67,9 +68,14 @@ def clipped(m: dict) -> dict:
 # run one after another on the same 4 worker processes (gloo_ranks.run_jobs; a 2-worker run leaves ranks 2
 # and 3 idle), less the launcher (its elastic path is the last two tests' below): 10 runs of new processes
 # paid the imports 26 times over on 2 cores.
+# Activation checkpointing under FSDP2 (full) and under tensor parallelism in pipeline stages (selective,
+# which keeps the all-reduces' outputs): the same losses as the same plan without it.
+CHECKPOINTED = {"fsdp": "full", "hybrid": "selective"}
 RUNS = [(f"{prefix}{name}", workers, change(lm_manifest(name, **kwargs)))
         for prefix, change in (("", lambda m: m), ("clipped-", clipped))
-        for name, (workers, kwargs, _plan) in {"data": (2, dict(strategy="data", dp=2), ""), **CASES}.items()]
+        for name, (workers, kwargs, _plan) in {"data": (2, dict(strategy="data", dp=2), ""), **CASES}.items()] + [
+    (f"{name}-{ac}", CASES[name][0], lm_manifest(f"{name}-{ac}", **CASES[name][1], ac=ac))
+    for name, ac in CHECKPOINTED.items()]
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +97,13 @@ def test_strategy_reaches_the_data_parallel_loss(runs, reference, name):
     s = runs[name]
     assert s.get("step") == STEPS and s["plan"] == CASES[name][2], s
     assert s["eval_loss"] == pytest.approx(reference["eval_loss"], rel=TOLERANCE), (s, reference)
+
+
+@pytest.mark.parametrize("name", list(CHECKPOINTED))
+def test_checkpointed_blocks_train_the_plans_own_losses(runs, name):
+    plain, checkpointed = runs[name], runs[f"{name}-{CHECKPOINTED[name]}"]
+    assert checkpointed.get("step") == STEPS and checkpointed["plan"] == plain["plan"], checkpointed
+    assert checkpointed["eval_loss"] == plain["eval_loss"] and checkpointed["loss"] == plain["loss"]
 
 
 @pytest.fixture(scope="module")

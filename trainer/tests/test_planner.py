@@ -8,7 +8,7 @@ The model: dim d=8, 2 layers, 2 heads, ffn hidden f=16, vocab v=16, seq t=4.
   total          = 2·568 + 160 + 144 = 1440
   forward FLOPs per sample: per block t·(2·(4d² + 2df) + 4td) = 4·(1024 + 128) = 4608,
     output t·2dv = 1024; total 2·4608 + 1024 = 10240
-  saved activations per sample (bytes): per block t·(4d+4)·4 = 576 plus tp-split t·(5d+h+2f)·4 = 1184;
+  saved activations per sample (bytes): per block t·(4d+4)·4 = 576 plus tp-split t·(4d+h+2f)·4 = 1056;
     last stage t·(2d+2+2v)·4 = 800; a boundary (one TP all-reduce) t·d·4 = 128; logits t·v·4 = 256
 """
 
@@ -35,7 +35,7 @@ from cohort.trainer.planner.hardware import (
     parse_seconds,
     save_hardware,
 )
-from cohort.trainer.planner.memory import memory_per_device
+from cohort.trainer.planner.memory import activation_bytes, memory_per_device
 from cohort.trainer.planner.profile import transformer_profile
 from cohort.trainer.planner.search import enumerate_plans
 from cohort.trainer.planner.step_time import step_time
@@ -86,7 +86,8 @@ def test_transformer_profile_counts_by_hand(tiny):
     assert (tiny.first_params, tiny.first_params_tp, tiny.last_params, tiny.last_params_tp) == (160, 128, 144, 128)
     assert tiny.params == 1440
     assert (tiny.block_flops, tiny.last_flops, tiny.forward_flops) == (4608, 1024, 10240)
-    assert (tiny.block_act_bytes, tiny.block_act_bytes_tp, tiny.last_act_bytes) == (576, 1184, 800)
+    assert (tiny.block_act_bytes, tiny.block_act_bytes_tp, tiny.last_act_bytes) == (576, 1056, 800)
+    assert (tiny.block_kept_selective, tiny.block_kept_selective_tp) == (384, 800)
     assert (tiny.boundary_bytes, tiny.logits_bytes) == (128, 256)
 
 
@@ -110,7 +111,7 @@ def test_generic_profile_measures_any_model():
 def test_memory_data_parallel(tiny):
     m = memory_per_device(tiny, ParallelDims(dp=2, dp_mode="ddp"), global_batch=8, optimizer="adamw")
     assert (m.params, m.grads, m.optimizer) == (1440 * 4, 1440 * 4, 2 * 1440 * 4)
-    assert m.activations == 4 * (2 * (576 + 1184) + 800)  # 4 samples per rank
+    assert m.activations == 4 * (2 * (576 + 1056) + 800)  # 4 samples per rank
     sgd = memory_per_device(tiny, ParallelDims(dp=2, dp_mode="ddp"), global_batch=8, optimizer="sgd", momentum=0.9)
     assert sgd.optimizer == 1440 * 4
     plain = memory_per_device(tiny, ParallelDims(dp=2, dp_mode="ddp"), global_batch=8, optimizer="sgd", momentum=0)
@@ -122,23 +123,23 @@ def test_memory_fsdp_shards_by_dp_plus_one_gathered_unit(tiny):
     assert m.params == (1440 / 2 + 568) * 4       # shards + the biggest unit (a block) gathered
     assert m.grads == 1440 / 2 * 4
     assert m.optimizer == 2 * 1440 / 2 * 4
-    assert m.activations == 4 * (2 * (576 + 1184) + 800)
+    assert m.activations == 4 * (2 * (576 + 1056) + 800)
 
 
 def test_memory_tensor_parallel_splits_weights_and_activations(tiny):
     m = memory_per_device(tiny, ParallelDims(tp=2), global_batch=8, optimizer="adamw")
     local = 2 * (568 - 528 + 264) + (160 - 64) + (144 - 64)  # = 784
     assert (m.params, m.grads, m.optimizer) == (local * 4, local * 4, 2 * local * 4)
-    assert m.activations == 8 * (2 * (576 + 1184 / 2) + 800)
+    assert m.activations == 8 * (2 * (576 + 1056 / 2) + 800)
 
 
 def test_memory_pipeline_1f1b_vs_gpipe(tiny):
     one = memory_per_device(tiny, ParallelDims(pp=2, microbatches=2, schedule="1f1b"), 8, "adamw")
     # Stage 0 (one block + embeddings = 728 params) holds both microbatches' activations (8 samples).
-    assert one.total == 728 * 4 * 4 + 8 * (576 + 1184)
+    assert one.total == 728 * 4 * 4 + 8 * (576 + 1056)
     gpipe = memory_per_device(tiny, ParallelDims(pp=2, microbatches=2, schedule="gpipe"), 8, "adamw")
     # GPipe: the last stage (712 params) holds all 8 samples' activations and logits.
-    assert gpipe.total == 712 * 4 * 4 + 8 * (576 + 1184 + 800)
+    assert gpipe.total == 712 * 4 * 4 + 8 * (576 + 1056 + 800)
 
 
 # --- step time -------------------------------------------------------------------------------------------
@@ -149,6 +150,23 @@ def test_step_time_data_parallel(tiny):
     assert t.optimizer == pytest.approx(1440 * 4 * 7 / 1e9)   # param r/w, 2 states r/w, grad read
     assert t.bubble == t.tp == t.pp == 0
     assert t.total == pytest.approx(0.12288 + 2.576e-4 + 4.032e-5)
+
+
+def test_activation_checkpointing_keeps_less_and_full_recomputes_the_blocks(tiny):
+    dims, batch = ParallelDims(dp=2), 8
+    none, full, selective = (activation_bytes(tiny, dims, 0, batch, ac) for ac in ("none", "full", "selective"))
+    per_rank, last = 4, 800
+    assert none == per_rank * (2 * (576 + 1056) + last)
+    # Kept by each block, and the rest of one block's activations while backward recomputes it.
+    assert full == per_rank * (2 * 128 + last) + per_rank * (576 + 1056 - 128)
+    assert selective == per_rank * (2 * (384 + 800) + last) + per_rank * (576 + 1056 - 384 - 800)
+    assert full < selective < none
+    plain, recomputed = (step_time(tiny, dims, batch, HW, "adamw", ac=ac) for ac in ("none", "full"))
+    block = 2 * 4608 * per_rank / 1e6                   # one forward of the 2 blocks on this rank's samples
+    assert recomputed.compute == pytest.approx(plain.compute + block)
+    tp = ParallelDims(tp=2)
+    kept = 384 + 800 / 2 + 2 * 128  # with tp, also wo's and w2's all-reduced outputs
+    assert activation_bytes(tiny, tp, 0, batch, "selective") == 8 * (2 * kept + last) + 8 * (576 + 1056 / 2 - kept)
 
 
 def test_step_time_fsdp_gathers_twice_and_reduce_scatters(tiny):

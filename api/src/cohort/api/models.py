@@ -80,6 +80,9 @@ StragglerPolicy = Literal["replace", "ignore"]
 SuccessPolicy = Literal["rank0", "all"]
 PipelineSchedule = Literal["gpipe", "1f1b"]
 Precision = Literal["fp32", "bf16", "fp16"]
+ActivationCheckpointing = Literal["none", "full", "selective"]
+# The built-in models without blocks (a ``layers`` ModuleList or ModuleDict): nothing to checkpoint block by block.
+BLOCKLESS_MODELS: tuple[str, ...] = ("mlp", "convnet")
 # The GPU resource of NVIDIA's device plugin. One trainer process drives one device, so a worker asks for 0 or 1.
 GPU_RESOURCE = "nvidia.com/gpu"
 Phase = Literal["Pending", "Running", "Recovering", "Suspended", "Succeeded", "Failed"]
@@ -161,6 +164,12 @@ class Workload:
         # A transition rule (oldSelf): only the API server sees both versions, so the Python twin passes.
         # Workers of one world must share the seed (the data order, the compressors' and gossip's shared
         # draws); a changed seed would reach only the pods started after the change.
+        Rule(cel="self.activationCheckpointing == 'none' || !(self.model in ["
+                 + ", ".join(f"'{m}'" for m in BLOCKLESS_MODELS) + "])",
+             message="spec.workload.activationCheckpointing recomputes the model's blocks (model.layers) in "
+                     f"backward; {' and '.join(BLOCKLESS_MODELS)} have none (use transformer, or none)",
+             check=lambda w: w.activation_checkpointing == "none" or w.model not in BLOCKLESS_MODELS,
+             field_path=".activationCheckpointing"),
         Rule(cel="self.seed == oldSelf.seed",
              message="spec.workload.seed is immutable: the workers of a running job share it (create a new "
                      "job for another seed; docs/workloads.md)",
@@ -206,6 +215,13 @@ class Workload:
     compile: bool = field(False, doc="torch.compile the model before training: each transformer block on its own "
                                      "(as torchtitan does), other models whole. The first steps pay for "
                                      "compilation; a world change recompiles nothing.")
+    activation_checkpointing: ActivationCheckpointing = field(
+        "none", doc="Trade compute for activation memory, block by block (as torchtitan's activation_checkpoint): "
+                    "none; full (each block keeps only its input and recomputes its forward in backward: about a "
+                    "third more block compute); selective (each block keeps the outputs of its matmuls, attention "
+                    "and collectives and recomputes the cheap operations between them: norms, activations, "
+                    "additions). The gradients are those of none. Needs a model with blocks (model.layers); the "
+                    "auto planner counts the memory it saves.")
     deterministic: bool = field(True, doc="Use deterministic algorithms (required for bitwise resume).")
     eval_every_epochs: int = field(1, minimum=0, doc="Evaluate on the test split every N epochs (0: only at the end).")
     eval_every_steps: int = field(0, minimum=0, doc="Also evaluate every N optimizer steps (0: off); for runs "

@@ -90,5 +90,6 @@ def generic_profile(model: nn.Module, sample: torch.Tensor) -> ModelProfile:
         name=type(model).__name__, n_layers=0, block_params=0, block_params_tp=0,
         first_params=params, first_params_tp=0, last_params=0, last_params_tp=0,
         block_flops=0.0, first_flops=float(counter.get_total_flops()), last_flops=0.0,
-        block_act_bytes=0.0, block_act_bytes_tp=0.0, last_act_bytes=float(sum(outputs) * BYTES),
+        block_act_bytes=0.0, block_act_bytes_tp=0.0, block_kept_selective=0.0, block_kept_selective_tp=0.0,
+        last_act_bytes=float(sum(outputs) * BYTES),
         boundary_bytes=0.0, logits_bytes=0.0)

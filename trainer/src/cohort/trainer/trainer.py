@@ -36,6 +36,7 @@ from .ledger import HealthyPace, TimeLedger
 from .loader import BatchLoader
 from .metrics import WorkerMetrics
 from .optim import build_optimizer, lr_at
+from .parallel.activation_checkpoint import check_activation_checkpointing
 from .parallel.base import Plan, PlanContext
 from .parallel.registry import PARALLELISMS
 from .paths import map_path
@@ -112,6 +113,7 @@ class Trainer:
         self.workload = build_workload(self.spec)
         self.model = self.workload.model
         PARALLELISMS[self.spec.parallelism.strategy].check(self.spec, self.model)  # refuse what cannot run
+        check_activation_checkpointing(self.spec.workload.activation_checkpointing, self.model)
         # Sharded plans restart each world from an unsharded model: keep one untouched copy.
         # (on the host: it is copied to the device once a world's plan has sharded it)
         self.pristine = copy.deepcopy(self.model) if self.spec.parallelism.strategy != "data" else None

@@ -90,7 +90,7 @@ def plan_for(spec: TrainingJobSpec, model: nn.Module, world_size: int, hw: Hardw
     p = spec.parallelism
     candidates = rank_plans(world_size, profile, hw, spec.workload.batch_size * world_size, opt.name,
                             opt.momentum, tp=p.tensor if p.tensor > 1 else None,
-                            pp=p.pipeline if p.pipeline > 1 else None)
+                            pp=p.pipeline if p.pipeline > 1 else None, ac=spec.workload.activation_checkpointing)
     best = best_plan(candidates)
     if best is None:
         reason = candidates[0].rejected if candidates else "no dp x tp x pp split of this model fits the world"

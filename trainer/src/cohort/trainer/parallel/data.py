@@ -7,6 +7,7 @@ from torch import nn
 
 from ..sync.base import SyncContext
 from ..sync.registry import SYNCS
+from .activation_checkpoint import apply_activation_checkpointing
 from .base import Plan, PlanContext
 from .compile import apply_compile
 
@@ -21,6 +22,7 @@ class DataParallel(Plan):
                                              check_gate=ctx.check_gate))
 
     def apply(self, model: nn.Module) -> nn.Module:
+        apply_activation_checkpointing(model, self.ctx.spec.workload.activation_checkpointing)
         if self.ctx.spec.workload.compile:
             apply_compile(model)
         self.module = self.sync.wrap(model)

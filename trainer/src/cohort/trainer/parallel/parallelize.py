@@ -5,12 +5,15 @@
 2. **Tensor parallel** (tp > 1): ``parallelize_module`` on the tp mesh.
    Before FSDP, because FSDP2 shards DTensor parameters further (a tp-sharded
    weight becomes 2-D over dp x tp); the other order is not supported.
-3. **Compile** (``workload.compile``): each block on its own (compile.py).
-4. **FSDP2** (dp > 1): ``fully_shard`` per block, then the root, on the dp mesh,
+3. **Activation checkpointing** (``workload.activationCheckpointing``): each
+   block's forward recomputed in backward (activation_checkpoint.py).
+4. **Compile** (``workload.compile``): each block on its own (compile.py),
+   the checkpointed forward inside.
+5. **FSDP2** (dp > 1): ``fully_shard`` per block, then the root, on the dp mesh,
    with bf16 compute when ``workload.precision`` is bf16 (MixedPrecisionPolicy).
    Also the data-parallel gradient sync when tp or pp > 1 (TP + plain DDP
    fails on gloo; FSDP2 over a 2-D mesh works).
-5. **Pipeline schedule** (pp > 1): the stage, wrapped as above, goes into a
+6. **Pipeline schedule** (pp > 1): the stage, wrapped as above, goes into a
    ``PipelineStage`` and a GPipe or 1F1B schedule (it turns off FSDP's
    gradient sync for all but the last microbatch itself).
 
@@ -28,6 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from cohort.api.models import Workload
 
 from ..planner.dims import ParallelDims
+from .activation_checkpoint import apply_activation_checkpointing
 from .compile import apply_compile
 from .fsdp import apply_fsdp
 from .pipeline import Pipeline, split_stage
@@ -49,6 +53,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, workload
         split_stage(model, pp_rank, dims.pp)  # type: ignore[arg-type]  # check_dims allowed transformers only
     if dims.tp > 1:
         apply_tp(model, mesh["tp"])
+    apply_activation_checkpointing(model, workload.activation_checkpointing)
     if workload.compile:
         apply_compile(model)
     if dims.dp > 1:

@@ -6,8 +6,11 @@ parameters, gradients and optimizer state by dp (plus the unit it has
 gathered); tensor parallelism divides the split weights and the split
 activations by tp; pipeline parallelism keeps one stage's share of each, and
 the schedule sets how many microbatches' activations are alive at once
-(GPipe: all m; 1F1B: at most p on the first stage). Everything is fp32, and
-the worst stage is reported (the device that runs out first).
+(GPipe: all m; 1F1B: at most p on the first stage). Activation checkpointing
+(``workload.activationCheckpointing``) keeps less per block: ``full`` its input,
+plus the rest of one block's activations while backward recomputes it; ``selective`` the
+outputs of its matmuls and attention (with tp, also the all-reduces' outputs).
+Everything is fp32, and the worst stage is reported (the device that runs out first).
 """
 
 from __future__ import annotations
@@ -53,21 +56,35 @@ def stage_params(profile: ModelProfile, dims: ParallelDims, stage: int) -> tuple
     return blocks * block + root, max(block if blocks else 0.0, root)
 
 
-def activation_bytes(profile: ModelProfile, dims: ParallelDims, stage: int, global_batch: int) -> float:
+def block_kept_bytes(profile: ModelProfile, tp: int, ac: str = "none") -> float:
+    """Activations one block keeps per sample from its forward to its backward, under ``ac``."""
+    if ac == "full":
+        return profile.boundary_bytes
+    if ac == "selective":
+        tp_outputs = 2 * profile.boundary_bytes if tp > 1 else 0.0  # wo's and w2's all-reduced outputs
+        return profile.block_kept_selective + profile.block_kept_selective_tp / tp + tp_outputs
+    return profile.block_act_bytes + profile.block_act_bytes_tp / tp
+
+
+def activation_bytes(profile: ModelProfile, dims: ParallelDims, stage: int, global_batch: int,
+                     ac: str = "none") -> float:
     """Activations alive at the peak of backward on ``stage``'s device."""
     per_rank = global_batch / dims.dp
     micro = per_rank / dims.microbatches
     in_flight = dims.microbatches if dims.schedule == "gpipe" else min(dims.microbatches, dims.pp - stage)
     samples = micro * in_flight if dims.pp > 1 else per_rank
     blocks = len(stage_layers(profile.n_layers, stage, dims.pp)) if profile.n_layers else 0
-    per_sample = blocks * (profile.block_act_bytes + profile.block_act_bytes_tp / dims.tp)
+    per_sample = blocks * block_kept_bytes(profile, dims.tp, ac)
     if stage == dims.pp - 1:
         per_sample += profile.last_act_bytes
-    return samples * per_sample
+    # While backward recomputes a block, the rest of its activations are alive again (one microbatch's).
+    kept = block_kept_bytes(profile, dims.tp, ac)
+    recomputed = micro * (block_kept_bytes(profile, dims.tp) - kept) if blocks else 0.0
+    return samples * per_sample + recomputed
 
 
 def memory_per_device(profile: ModelProfile, dims: ParallelDims, global_batch: int, optimizer: str = "adamw",
-                      momentum: float = 0.9) -> Memory:
+                      momentum: float = 0.9, ac: str = "none") -> Memory:
     """The most loaded stage's device memory (bytes) under ``dims``."""
     worst: Memory | None = None
     for stage in range(dims.pp):
@@ -81,7 +98,7 @@ def memory_per_device(profile: ModelProfile, dims: ParallelDims, global_batch: i
         else:
             params, grads = p, p
         opt = optimizer_states(optimizer, momentum) * (p / dims.dp if sharded else p)
-        m = Memory(params * BYTES, grads * BYTES, opt * BYTES, activation_bytes(profile, dims, stage, global_batch))
+        m = Memory(params * BYTES, grads * BYTES, opt * BYTES, activation_bytes(profile, dims, stage, global_batch, ac))
         if worst is None or m.total > worst.total:
             worst = m
     assert worst is not None

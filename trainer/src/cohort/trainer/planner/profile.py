@@ -9,7 +9,8 @@ This module, like the rest of the planner core, imports no torch.
 Counts are per *sample* (one sequence of ``seq_len`` tokens) and fp32:
 - forward FLOPs (a training step costs 3x: forward + backward's two matmuls);
 - parameters, with the part tensor parallelism splits (``*_tp``);
-- bytes of activations autograd keeps for backward, with the part tp splits.
+- bytes of activations autograd keeps for backward, with the part tp splits, and what a block keeps under
+  selective activation checkpointing (full keeps the block's input, ``boundary_bytes``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class ModelProfile:
     last_flops: float
     block_act_bytes: float       # saved activations per sample, one block (replicated part) ...
     block_act_bytes_tp: float    # ... and the part tp splits
+    block_kept_selective: float  # kept per sample under selective activation checkpointing (replicated part) ...
+    block_kept_selective_tp: float  # ... and the part tp splits
     last_act_bytes: float        # final norm, output input, logits and their softmax
     boundary_bytes: float        # activation per sample crossing a pipeline boundary (also one TP all-reduce)
     logits_bytes: float          # output logits per sample (TP gathers them)
@@ -71,10 +74,12 @@ def transformer_profile(dim: int, n_layers: int, n_heads: int, ffn_mult: int, vo
     # scaled_dot_product_attention on CPU computes the masked half too).
     block_flops = t * (2 * (4 * d * d + 2 * d * f) + 2 * 2 * t * d)
     # Saved for backward, per token: the residual stream into each norm and each norm's output (4·d) and
-    # norm statistics (4); split by tp: q, k, v, attention output, wo's input (5·d), the softmax
-    # log-sum-exp (h), w1's output and gelu's output (2·f).
+    # norm statistics (4); split by tp: q, k, v, attention's output (4·d; wo's input is a view of it), the
+    # softmax log-sum-exp (h), w1's output and gelu's output (2·f). Selective checkpointing keeps the block's
+    # input and the outputs of wo and w2 (3·d); split: q, k, v, attention's output (4·d), the log-sum-exp
+    # and w1's output (f). Measured per block with torch's storages in test_activation_checkpoint.py.
     block_act = t * (4 * d + 4) * BYTES
-    block_act_tp = t * (5 * d + h + 2 * f) * BYTES
+    block_act_tp = t * (4 * d + h + 2 * f) * BYTES
     return ModelProfile(
         name=f"transformer(dim={d}, layers={n_layers}, heads={h}, vocab={v}, seq={t})",
         n_layers=n_layers, block_params=block_params, block_params_tp=block_tp,
@@ -82,6 +87,7 @@ def transformer_profile(dim: int, n_layers: int, n_heads: int, ffn_mult: int, vo
         last_params=2 * d + d * v, last_params_tp=d * v,
         block_flops=float(block_flops), first_flops=0.0, last_flops=float(t * 2 * d * v),
         block_act_bytes=float(block_act), block_act_bytes_tp=float(block_act_tp),
+        block_kept_selective=float(t * 3 * d * BYTES), block_kept_selective_tp=float(t * (4 * d + h + f) * BYTES),
         last_act_bytes=float(t * (2 * d + 2 + 2 * v) * BYTES),
         boundary_bytes=float(t * d * BYTES), logits_bytes=float(t * v * BYTES),
         tp_divides=(h, v, f))

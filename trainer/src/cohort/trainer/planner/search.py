@@ -58,12 +58,14 @@ def enumerate_plans(n: int, profile: ModelProfile, global_batch: int, *, tp: int
 
 
 def rank_plans(n: int, profile: ModelProfile, hw: Hardware, global_batch: int, optimizer: str = "adamw",
-               momentum: float = 0.9, *, tp: int | None = None, pp: int | None = None) -> list[Candidate]:
-    """Feasible plans fastest first, then the rejected ones (each with its reason)."""
+               momentum: float = 0.9, *, tp: int | None = None, pp: int | None = None,
+               ac: str = "none") -> list[Candidate]:
+    """Feasible plans fastest first, then the rejected ones (each with its reason); ``ac``: activation
+    checkpointing."""
     out = []
     for dims in enumerate_plans(n, profile, global_batch, tp=tp, pp=pp):
-        mem = memory_per_device(profile, dims, global_batch, optimizer, momentum)
-        t = step_time(profile, dims, global_batch, hw, optimizer, momentum)
+        mem = memory_per_device(profile, dims, global_batch, optimizer, momentum, ac)
+        t = step_time(profile, dims, global_batch, hw, optimizer, momentum, ac)
         reason = ""
         if hw.memory_bytes and mem.total > hw.memory_bytes:
             reason = f"needs {_gib(mem.total)} per device, over the {_gib(hw.memory_bytes)} available"

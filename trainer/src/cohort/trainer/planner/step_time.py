@@ -77,8 +77,9 @@ def _stage_flops(profile: ModelProfile, dims: ParallelDims, stage: int) -> float
     return flops
 
 
-def _tp_seconds(profile: ModelProfile, dims: ParallelDims, stage: int, micro: float, hw: Hardware) -> float:
-    """Tensor-parallel communication of one microbatch on ``stage``."""
+def _tp_seconds(profile: ModelProfile, dims: ParallelDims, stage: int, micro: float, hw: Hardware,
+                forwards: int = 1) -> float:
+    """Tensor-parallel communication of one microbatch on ``stage`` (blocks run ``forwards`` forward passes)."""
     if dims.tp == 1:
         return 0.0
     act = micro * profile.boundary_bytes
@@ -87,7 +88,7 @@ def _tp_seconds(profile: ModelProfile, dims: ParallelDims, stage: int, micro: fl
         return hw.allreduce_s(nbytes, dims.tp)
 
     blocks = len(stage_layers(profile.n_layers, stage, dims.pp))
-    t = blocks * (profile.tp_allreduces_fwd + profile.tp_allreduces_bwd) * ar(act)
+    t = blocks * (forwards * profile.tp_allreduces_fwd + profile.tp_allreduces_bwd) * ar(act)
     if stage == 0:
         t += ar(act)  # the row-wise embedding's forward all-reduce
     if stage == dims.pp - 1:
@@ -117,8 +118,12 @@ def _dp_seconds(profile: ModelProfile, dims: ParallelDims, stage: int, hw: Hardw
 
 
 def step_time(profile: ModelProfile, dims: ParallelDims, global_batch: int, hw: Hardware,
-              optimizer: str = "adamw", momentum: float = 0.9) -> StepTime:
-    """Predicted seconds per step; the slowest stage sets the pace of a pipeline."""
+              optimizer: str = "adamw", momentum: float = 0.9, ac: str = "none") -> StepTime:
+    """Predicted seconds per step; the slowest stage sets the pace of a pipeline.
+
+    ``ac`` full runs each block's forward twice (3 -> 4 passes of its FLOPs, its tp all-reduces again);
+    selective recomputes only element-wise work, which the FLOP count leaves out."""
+    forwards = 2 if ac == "full" else 1
     micro = global_batch / dims.dp / dims.microbatches
     slots = dims.microbatches + dims.pp - 1
     compute = tp = pp = dp = opt = 0.0
@@ -127,12 +132,12 @@ def step_time(profile: ModelProfile, dims: ParallelDims, global_batch: int, hw: 
     for stage in range(dims.pp):
         blocks = len(stage_layers(profile.n_layers, stage, dims.pp)) if profile.n_layers else 0
         rest = _stage_flops(profile, dims, stage) - blocks * profile.block_flops  # embeddings, output, a generic model
-        c = blocks * (hw.block_s(3 * profile.block_flops * micro / dims.tp) + tp_extra)
+        c = blocks * (hw.block_s((2 + forwards) * profile.block_flops * micro / dims.tp) + tp_extra)
         c += 3 * rest * micro / dims.tp / hw.device_flops + (hw.microbatch_overhead_s if dims.pp > 1 else 0.0)
         if not profile.n_layers:
             c += hw.layer_overhead_s
         host_work += dims.dp * dims.tp * dims.microbatches * c  # core-seconds of every rank of this stage
-        t = _tp_seconds(profile, dims, stage, micro, hw)
+        t = _tp_seconds(profile, dims, stage, micro, hw, forwards)
         s = 2 * hw.p2p_s(micro * profile.boundary_bytes) if dims.pp > 1 else 0.0
         if c + t + s > slot:
             slot, compute, tp, pp = c + t + s, c, t, s
