@@ -74,7 +74,7 @@ def planned(args: argparse.Namespace, mode: str) -> float:
     from cohort.trainer.planner.profile import transformer_profile
 
     profile = transformer_profile(args.dim, args.layers, args.heads, 4, VOCAB, args.seq)
-    return activation_bytes(profile, ParallelDims(), 0, args.batch, mode)
+    return activation_bytes(profile, ParallelDims(ac=mode), 0, args.batch)
 
 
 def main() -> None:

@@ -18,12 +18,20 @@ from torch.utils._pytree import tree_leaves
 
 from cohort.api import ValidationError
 from cohort.api.jobconfig import from_manifest
-from cohort.trainer.parallel.activation_checkpoint import apply_activation_checkpointing, check_activation_checkpointing
+from cohort.trainer.parallel.activation_checkpoint import (
+    applied_checkpointing,
+    apply_activation_checkpointing,
+    check_activation_checkpointing,
+)
 from cohort.trainer.parallel.dims import ParallelismError
-from cohort.trainer.planner.memory import block_kept_bytes
+from cohort.trainer.parallel.memory_budget import checkpointing_for, device_memory
+from cohort.trainer.planner.dims import ParallelDims
+from cohort.trainer.planner.memory import block_kept_bytes, memory_per_device
 from cohort.trainer.planner.profile import transformer_profile
+from cohort.trainer.profiling import profile_model
 from cohort.trainer.step import MicroBatching
 from cohort.trainer.workloads.models import MLP, DataInfo, Transformer
+from cohort.trainer.workloads.workload import build_workload
 
 INFO = DataInfo(input_shape=(32,), num_classes=64, vocab_size=64, seq_len=32)
 
@@ -144,3 +152,35 @@ def test_compiled_blocks_recompute_inside_the_compiled_graph():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
     assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
     assert compiled == pytest.approx(losses(lm_spec()), rel=1e-4)
+
+
+def test_auto_checkpoints_as_far_as_the_device_memory_needs(monkeypatch):
+    spec = lm_spec(activationCheckpointing="auto")
+    torch.manual_seed(0)
+    profile = profile_model(build_workload(spec).model)
+    need = {ac: memory_per_device(profile, ParallelDims(dp=1, dp_mode="ddp", ac=ac), 8, "adamw").total
+            for ac in ("none", "selective", "full")}
+    chosen = {}
+    for memory, expected in ((None, "none"), (need["none"], "none"), (need["none"] - 1, "selective"),
+                             (need["selective"] - 1, "full")):
+        if memory is None:
+            monkeypatch.delenv("COHORT_DEVICE_MEMORY", raising=False)
+        else:
+            monkeypatch.setenv("COHORT_DEVICE_MEMORY", str(int(memory)))
+        w, plan, _module, _opt, _runner = data_plan(spec)
+        chosen[memory] = (applied_checkpointing(w.model), plan.describe())
+        assert chosen[memory] == (expected, "data dp=1 sync=allreduce" + (f" ac={expected}" * (expected != "none")))
+    # The losses are those of none, whatever was chosen.
+    assert losses(spec) == losses(lm_spec())
+
+
+def test_device_memory_is_the_override_else_the_pods_limit_on_a_cpu(monkeypatch):
+    spec = from_manifest({"apiVersion": "cohort.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "ac"},
+                          "spec": {"workload": {"model": "mlp", "dataset": "digits", "activationCheckpointing": "auto"},
+                                   "resources": {"limits": {"memory": "2Gi"}}}}).spec
+    monkeypatch.delenv("COHORT_DEVICE_MEMORY", raising=False)
+    assert device_memory(spec, torch.device("cpu")) == 2 * 2 ** 30
+    monkeypatch.setenv("COHORT_DEVICE_MEMORY", "1GiB")
+    assert device_memory(spec, torch.device("cpu")) == 2 ** 30
+    # auto on a model the planner cannot count (mlp: admitted, no blocks) is none.
+    assert checkpointing_for(spec, MLP(DataInfo(input_shape=(64,), num_classes=10)), ParallelDims()).ac == "none"

@@ -102,7 +102,9 @@ def test_strategy_reaches_the_data_parallel_loss(runs, reference, name):
 @pytest.mark.parametrize("name", list(CHECKPOINTED))
 def test_checkpointed_blocks_train_the_plans_own_losses(runs, name):
     plain, checkpointed = runs[name], runs[f"{name}-{CHECKPOINTED[name]}"]
-    assert checkpointed.get("step") == STEPS and checkpointed["plan"] == plain["plan"], checkpointed
+    ac = CHECKPOINTED[name]
+    assert checkpointed.get("step") == STEPS and checkpointed["plan"] == f"{plain['plan']} ac={ac}", checkpointed
+    assert (plain["activationCheckpointing"], checkpointed["activationCheckpointing"]) == ("none", ac)
     assert checkpointed["eval_loss"] == plain["eval_loss"] and checkpointed["loss"] == plain["loss"]
 
 

@@ -18,12 +18,13 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from cohort.trainer.planner import format_table, rank_plans
+from cohort.trainer.planner import Candidate, format_table, rank_plans
 from cohort.trainer.planner.collectives import allgather_time, allreduce_time, fit, fit_all
 from cohort.trainer.planner.dims import ParallelDims
 from cohort.trainer.planner.hardware import (
@@ -153,20 +154,39 @@ def test_step_time_data_parallel(tiny):
 
 
 def test_activation_checkpointing_keeps_less_and_full_recomputes_the_blocks(tiny):
-    dims, batch = ParallelDims(dp=2), 8
-    none, full, selective = (activation_bytes(tiny, dims, 0, batch, ac) for ac in ("none", "full", "selective"))
+    batch = 8
+    none, full, selective = (activation_bytes(tiny, ParallelDims(dp=2, ac=ac), 0, batch)
+                             for ac in ("none", "full", "selective"))
     per_rank, last = 4, 800
     assert none == per_rank * (2 * (576 + 1056) + last)
     # Kept by each block, and the rest of one block's activations while backward recomputes it.
     assert full == per_rank * (2 * 128 + last) + per_rank * (576 + 1056 - 128)
     assert selective == per_rank * (2 * (384 + 800) + last) + per_rank * (576 + 1056 - 384 - 800)
     assert full < selective < none
-    plain, recomputed = (step_time(tiny, dims, batch, HW, "adamw", ac=ac) for ac in ("none", "full"))
+    plain, recomputed = (step_time(tiny, ParallelDims(dp=2, ac=ac), batch, HW, "adamw") for ac in ("none", "full"))
     block = 2 * 4608 * per_rank / 1e6                   # one forward of the 2 blocks on this rank's samples
     assert recomputed.compute == pytest.approx(plain.compute + block)
-    tp = ParallelDims(tp=2)
+    tp = ParallelDims(tp=2, ac="selective")
     kept = 384 + 800 / 2 + 2 * 128  # with tp, also wo's and w2's all-reduced outputs
-    assert activation_bytes(tiny, tp, 0, batch, "selective") == 8 * (2 * kept + last) + 8 * (576 + 1056 / 2 - kept)
+    assert activation_bytes(tiny, tp, 0, batch) == 8 * (2 * kept + last) + 8 * (576 + 1056 / 2 - kept)
+
+
+def test_auto_checkpointing_gives_each_plan_the_least_recomputation_that_fits(tiny):
+    ddp = ParallelDims(dp=2, dp_mode="ddp")
+    need = {ac: memory_per_device(tiny, replace(ddp, ac=ac), 8, "adamw").total for ac in ("none", "selective", "full")}
+    assert need["full"] < need["selective"] < need["none"]
+
+    def ddp_plan(memory: float) -> Candidate:
+        hw = Hardware(**{**HW.__dict__, "memory_bytes": memory})
+        return next(c for c in rank_plans(2, tiny, hw, global_batch=8, ac="auto") if c.dims.dp_mode == "ddp")
+    assert ddp_plan(0).dims.ac == "none"                      # memory not known: nothing to fit
+    assert ddp_plan(need["none"]).dims.ac == "none" and not ddp_plan(need["none"]).rejected
+    assert ddp_plan(need["none"] - 1).dims.ac == "selective"
+    assert ddp_plan(need["selective"] - 1).dims.ac == "full"
+    assert ddp_plan(need["full"] - 1).rejected and ddp_plan(need["full"] - 1).dims.ac == "full"
+    assert ddp_plan(need["selective"] - 1).dims.describe() == "dp=2 tp=1 pp=1 ddp ac=full"
+    fixed = rank_plans(2, tiny, HW, global_batch=8, ac="selective")
+    assert {c.dims.ac for c in fixed} == {"selective"}
 
 
 def test_step_time_fsdp_gathers_twice_and_reduce_scatters(tiny):

@@ -80,7 +80,7 @@ StragglerPolicy = Literal["replace", "ignore"]
 SuccessPolicy = Literal["rank0", "all"]
 PipelineSchedule = Literal["gpipe", "1f1b"]
 Precision = Literal["fp32", "bf16", "fp16"]
-ActivationCheckpointing = Literal["none", "full", "selective"]
+ActivationCheckpointing = Literal["none", "full", "selective", "auto"]
 # The built-in models without blocks (a ``layers`` ModuleList or ModuleDict): nothing to checkpoint block by block.
 BLOCKLESS_MODELS: tuple[str, ...] = ("mlp", "convnet")
 # The GPU resource of NVIDIA's device plugin. One trainer process drives one device, so a worker asks for 0 or 1.
@@ -164,11 +164,11 @@ class Workload:
         # A transition rule (oldSelf): only the API server sees both versions, so the Python twin passes.
         # Workers of one world must share the seed (the data order, the compressors' and gossip's shared
         # draws); a changed seed would reach only the pods started after the change.
-        Rule(cel="self.activationCheckpointing == 'none' || !(self.model in ["
+        Rule(cel="self.activationCheckpointing in ['none', 'auto'] || !(self.model in ["
                  + ", ".join(f"'{m}'" for m in BLOCKLESS_MODELS) + "])",
              message="spec.workload.activationCheckpointing recomputes the model's blocks (model.layers) in "
                      f"backward; {' and '.join(BLOCKLESS_MODELS)} have none (use transformer, or none)",
-             check=lambda w: w.activation_checkpointing == "none" or w.model not in BLOCKLESS_MODELS,
+             check=lambda w: w.activation_checkpointing in ("none", "auto") or w.model not in BLOCKLESS_MODELS,
              field_path=".activationCheckpointing"),
         Rule(cel="self.seed == oldSelf.seed",
              message="spec.workload.seed is immutable: the workers of a running job share it (create a new "
@@ -220,8 +220,10 @@ class Workload:
                     "none; full (each block keeps only its input and recomputes its forward in backward: about a "
                     "third more block compute); selective (each block keeps the outputs of its matmuls, attention "
                     "and collectives and recomputes the cheap operations between them: norms, activations, "
-                    "additions). The gradients are those of none. Needs a model with blocks (model.layers); the "
-                    "auto planner counts the memory it saves.")
+                    "additions); auto (the first of none, selective and full under which the planner's memory model "
+                    "fits the device: a GPU's memory, COHORT_DEVICE_MEMORY or resources.limits.memory; with "
+                    "strategy auto, chosen with each plan; none for models other than the built-in transformer). "
+                    "The gradients are those of none. full and selective need a model with blocks (model.layers).")
     deterministic: bool = field(True, doc="Use deterministic algorithms (required for bitwise resume).")
     eval_every_epochs: int = field(1, minimum=0, doc="Evaluate on the test split every N epochs (0: only at the end).")
     eval_every_steps: int = field(0, minimum=0, doc="Also evaluate every N optimizer steps (0: off); for runs "

@@ -154,7 +154,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     w, par = cfg.spec.workload, cfg.spec.parallelism
     global_batch = args.global_batch or w.batch_size * args.gpus
     candidates = rank_plans(args.gpus, profile, hw, global_batch, w.optimizer.name, w.optimizer.momentum,
-                            tp=par.tensor if par.tensor > 1 else None, pp=par.pipeline if par.pipeline > 1 else None)
+                            tp=par.tensor if par.tensor > 1 else None, pp=par.pipeline if par.pipeline > 1 else None,
+                            ac=w.activation_checkpointing)
     print(f"model      {profile.name}: {profile.params / 1e6:.2f} M parameters, "
           f"{profile.forward_flops / 1e9:.3f} GFLOP forward per sample")
     print(f"batch      {global_batch} samples per step (global), optimizer {w.optimizer.name}")

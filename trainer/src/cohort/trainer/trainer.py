@@ -655,6 +655,7 @@ class Trainer:
                    "tokensPerSecond": self.throughput.tokens_per_second(self.sps) if self.sps else None,
                    "mfu": self._mfu(), "device": str(self.device), "peakMemoryBytes": peak_memory_bytes(self.device),
                    "precision": self.spec.workload.precision, "compiled": self.spec.workload.compile,
+                   "activationCheckpointing": self.spec.workload.activation_checkpointing,
                    "worldVersion": self.world.version if self.world else 0, "checkpoints": self.ckpt.committed,
                    # the newest durable checkpoint, so the job's status names it at the end (a /progress read
                    # before the last saves would name one the keep limit has pruned since)

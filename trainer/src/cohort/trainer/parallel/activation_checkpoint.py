@@ -59,18 +59,27 @@ def _checkpointed(forward: Callable[..., Any], mode: str, *args: Any, **kwargs: 
 
 
 def check_activation_checkpointing(mode: str, model: nn.Module | None) -> None:
-    """Refuse a mode other than none for a model without blocks (the message names the field)."""
-    if mode != "none" and model is not None and not shard_units(model):
+    """Refuse full or selective for a model without blocks (the message names the field)."""
+    if mode not in ("none", "auto") and model is not None and not shard_units(model):
         raise ParallelismError(f"spec.workload.activationCheckpointing: {mode} recomputes the model's blocks, and "
                                f"{type(model).__name__} has none (a `layers` ModuleList or ModuleDict); use none")
 
 
+def applied_checkpointing(model: nn.Module) -> str | None:
+    """The mode ``model``'s blocks were checkpointed with (None: not yet applied)."""
+    return getattr(model, "_cohort_checkpointed", None)
+
+
 def apply_activation_checkpointing(model: nn.Module, mode: str) -> nn.Module:
-    """Checkpoint each block of ``model`` in place, once (a replicated model is re-wrapped every world)."""
-    if mode == "none" or getattr(model, "_cohort_checkpointed", False):
+    """Checkpoint each block of ``model`` in place with ``mode`` (none, full or selective), once: a replicated
+    model is re-wrapped every world, and keeps its first mode."""
+    assert mode in ("none", "full", "selective"), mode  # auto is resolved before (memory_budget.py)
+    if applied_checkpointing(model) is not None:
+        return model
+    model._cohort_checkpointed = mode  # type: ignore[assignment]
+    if mode == "none":
         return model
     check_activation_checkpointing(mode, model)
-    model._cohort_checkpointed = True  # type: ignore[assignment]
     for block in shard_units(model):
         block.forward = functools.partial(_checkpointed, block.forward, mode)
     return model

@@ -10,8 +10,9 @@ the log; ``describe()`` (the ``/progress`` plan) says ``auto: <plan>``.
 
 Hardware comes from the calibration file (``COHORT_CALIBRATION`` or
 ``~/.cache/cohort/calibration.json``, written by ``cohort calibrate``), else
-the defaults; device memory from ``COHORT_DEVICE_MEMORY`` (e.g. ``16GiB``),
-else ``spec.resources.limits.memory``, else unlimited.
+the defaults; device memory from ``memory_budget.device_memory`` (``COHORT_DEVICE_MEMORY``, a GPU's own,
+``spec.resources.limits.memory``, else unlimited). ``activationCheckpointing: auto`` is planned with each
+split: the plan gets the least recomputation under which it fits.
 """
 
 from __future__ import annotations
@@ -35,17 +36,10 @@ from ..workloads.splits import Split
 from .base import Plan, PlanContext
 from .data import DataParallel
 from .dims import ParallelismError
+from .memory_budget import checkpointing_for, device_memory
 from .sharded import MeshPlan
 
 log = get_logger(__name__)
-
-
-def device_memory(spec: TrainingJobSpec) -> float:
-    """Bytes a device may use (0: unlimited)."""
-    from ..planner.hardware import parse_bytes
-
-    text = os.environ.get("COHORT_DEVICE_MEMORY") or spec.resources.limits.get("memory")
-    return parse_bytes(str(text)) if text else 0.0
 
 
 def _sample(model: nn.Module) -> torch.Tensor | None:
@@ -57,18 +51,21 @@ def _sample(model: nn.Module) -> torch.Tensor | None:
     return None
 
 
-def choose_dims(spec: TrainingJobSpec, model: nn.Module | None, world_size: int) -> ParallelDims:
+def choose_dims(spec: TrainingJobSpec, model: nn.Module | None, world_size: int,
+                device: torch.device | None = None) -> ParallelDims:
     """The planner's first choice (a single-process decision; see AutoPlan for the collective one)."""
+    replicas = ParallelDims(dp=world_size, dp_mode="ddp")
     if model is None or spec.sync.algorithm != "allreduce" or spec.compression.method != "none":
         # Gossip, local SGD and compression act on whole replicas: only data parallelism runs them.
-        return ParallelDims(dp=world_size, dp_mode="ddp")
+        return checkpointing_for(spec, model, replicas, device)
     from ..planner import format_table, load_hardware
     from ..workloads.models import Transformer
 
     sample = None if isinstance(model, Transformer) else _sample(model)
     if sample is None and not isinstance(model, Transformer):
-        return ParallelDims(dp=world_size, dp_mode="ddp")
-    hw = load_hardware(os.environ.get("COHORT_CALIBRATION") or None).with_overrides(memory_bytes=device_memory(spec))
+        return checkpointing_for(spec, model, replicas, device)
+    hw = load_hardware(os.environ.get("COHORT_CALIBRATION") or None).with_overrides(
+        memory_bytes=device_memory(spec, device))
     best, ranked = plan_for(spec, model, world_size, hw, sample=sample)
     log.info("auto plan chosen", extra={"plan": best.dims.describe(), "predicted_step_ms":
                                         round(best.time.total * 1e3, 2), "hardware": hw.source,
@@ -101,14 +98,14 @@ def plan_for(spec: TrainingJobSpec, model: nn.Module, world_size: int, hw: Hardw
 class AutoPlan(Plan):
     def __init__(self, ctx: PlanContext):
         super().__init__(ctx)
-        choice = [choose_dims(ctx.spec, ctx.model, ctx.world_size) if ctx.rank == 0 else None]
+        choice = [choose_dims(ctx.spec, ctx.model, ctx.world_size, ctx.device) if ctx.rank == 0 else None]
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.broadcast_object_list(choice, src=0)
         dims = choice[0]
         assert isinstance(dims, ParallelDims)
         self.dims = dims
         global_batch = ctx.spec.workload.batch_size * ctx.world_size
-        self.inner: Plan = DataParallel(ctx) if dims.dp_mode == "ddp" else \
+        self.inner: Plan = DataParallel(ctx, ac=dims.ac) if dims.dp_mode == "ddp" else \
             MeshPlan(ctx, dims, batch_size=global_batch // dims.dp)
 
     # Everything is the chosen plan's.

@@ -5,8 +5,8 @@
 2. **Tensor parallel** (tp > 1): ``parallelize_module`` on the tp mesh.
    Before FSDP, because FSDP2 shards DTensor parameters further (a tp-sharded
    weight becomes 2-D over dp x tp); the other order is not supported.
-3. **Activation checkpointing** (``workload.activationCheckpointing``): each
-   block's forward recomputed in backward (activation_checkpoint.py).
+3. **Activation checkpointing** (``dims.ac``: ``workload.activationCheckpointing``,
+   auto resolved): each block's forward recomputed in backward (activation_checkpoint.py).
 4. **Compile** (``workload.compile``): each block on its own (compile.py),
    the checkpointed forward inside.
 5. **FSDP2** (dp > 1): ``fully_shard`` per block, then the root, on the dp mesh,
@@ -53,7 +53,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, workload
         split_stage(model, pp_rank, dims.pp)  # type: ignore[arg-type]  # check_dims allowed transformers only
     if dims.tp > 1:
         apply_tp(model, mesh["tp"])
-    apply_activation_checkpointing(model, workload.activation_checkpointing)
+    apply_activation_checkpointing(model, dims.ac)
     if workload.compile:
         apply_compile(model)
     if dims.dp > 1:

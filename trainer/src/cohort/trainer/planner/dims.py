@@ -25,6 +25,8 @@ class ParallelDims:
     """Pipeline schedule, ``gpipe`` or ``1f1b`` (only used when pp > 1)."""
     dp_mode: str = "fsdp"
     """How the dp ranks keep one model: ``fsdp`` (FSDP2 shards it) or ``ddp`` (replicas; tp = pp = 1 only)."""
+    ac: str = "none"
+    """Activation checkpointing of each block: ``none``, ``full`` or ``selective`` (workload.activationCheckpointing)."""
 
     @property
     def world_size(self) -> int:
@@ -36,6 +38,8 @@ class ParallelDims:
             parts.append(f"mb={self.microbatches} {self.schedule}")
         if self.dp > 1 or self.dp_mode == "ddp":
             parts.append(self.dp_mode)
+        if self.ac != "none":
+            parts.append(f"ac={self.ac}")
         return " ".join(parts)
 
 

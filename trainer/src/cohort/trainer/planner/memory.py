@@ -66,25 +66,24 @@ def block_kept_bytes(profile: ModelProfile, tp: int, ac: str = "none") -> float:
     return profile.block_act_bytes + profile.block_act_bytes_tp / tp
 
 
-def activation_bytes(profile: ModelProfile, dims: ParallelDims, stage: int, global_batch: int,
-                     ac: str = "none") -> float:
-    """Activations alive at the peak of backward on ``stage``'s device."""
+def activation_bytes(profile: ModelProfile, dims: ParallelDims, stage: int, global_batch: int) -> float:
+    """Activations alive at the peak of backward on ``stage``'s device (checkpointed as ``dims.ac`` says)."""
     per_rank = global_batch / dims.dp
     micro = per_rank / dims.microbatches
     in_flight = dims.microbatches if dims.schedule == "gpipe" else min(dims.microbatches, dims.pp - stage)
     samples = micro * in_flight if dims.pp > 1 else per_rank
     blocks = len(stage_layers(profile.n_layers, stage, dims.pp)) if profile.n_layers else 0
-    per_sample = blocks * block_kept_bytes(profile, dims.tp, ac)
+    per_sample = blocks * block_kept_bytes(profile, dims.tp, dims.ac)
     if stage == dims.pp - 1:
         per_sample += profile.last_act_bytes
     # While backward recomputes a block, the rest of its activations are alive again (one microbatch's).
-    kept = block_kept_bytes(profile, dims.tp, ac)
+    kept = block_kept_bytes(profile, dims.tp, dims.ac)
     recomputed = micro * (block_kept_bytes(profile, dims.tp) - kept) if blocks else 0.0
     return samples * per_sample + recomputed
 
 
 def memory_per_device(profile: ModelProfile, dims: ParallelDims, global_batch: int, optimizer: str = "adamw",
-                      momentum: float = 0.9, ac: str = "none") -> Memory:
+                      momentum: float = 0.9) -> Memory:
     """The most loaded stage's device memory (bytes) under ``dims``."""
     worst: Memory | None = None
     for stage in range(dims.pp):
@@ -98,7 +97,7 @@ def memory_per_device(profile: ModelProfile, dims: ParallelDims, global_batch: i
         else:
             params, grads = p, p
         opt = optimizer_states(optimizer, momentum) * (p / dims.dp if sharded else p)
-        m = Memory(params * BYTES, grads * BYTES, opt * BYTES, activation_bytes(profile, dims, stage, global_batch, ac))
+        m = Memory(params * BYTES, grads * BYTES, opt * BYTES, activation_bytes(profile, dims, stage, global_batch))
         if worst is None or m.total > worst.total:
             worst = m
     assert worst is not None

@@ -12,7 +12,7 @@ is rejected with the reason; the rest are ranked by predicted step time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .dims import ParallelDims
 from .hardware import Hardware
@@ -60,17 +60,37 @@ def enumerate_plans(n: int, profile: ModelProfile, global_batch: int, *, tp: int
 def rank_plans(n: int, profile: ModelProfile, hw: Hardware, global_batch: int, optimizer: str = "adamw",
                momentum: float = 0.9, *, tp: int | None = None, pp: int | None = None,
                ac: str = "none") -> list[Candidate]:
-    """Feasible plans fastest first, then the rejected ones (each with its reason); ``ac``: activation
-    checkpointing."""
+    """Feasible plans fastest first, then the rejected ones (each with its reason).
+
+    ``ac`` is the activation checkpointing of every plan, or ``auto``: each plan gets the first of none,
+    selective and full under which it fits the device's memory (full when none does, then rejected)."""
     out = []
-    for dims in enumerate_plans(n, profile, global_batch, tp=tp, pp=pp):
-        mem = memory_per_device(profile, dims, global_batch, optimizer, momentum, ac)
-        t = step_time(profile, dims, global_batch, hw, optimizer, momentum, ac)
+    for plain in enumerate_plans(n, profile, global_batch, tp=tp, pp=pp):
+        dims = fitting_checkpointing(profile, plain, global_batch, hw, optimizer, momentum) if ac == "auto" \
+            else replace(plain, ac=ac)
+        mem = memory_per_device(profile, dims, global_batch, optimizer, momentum)
+        t = step_time(profile, dims, global_batch, hw, optimizer, momentum)
         reason = ""
         if hw.memory_bytes and mem.total > hw.memory_bytes:
             reason = f"needs {_gib(mem.total)} per device, over the {_gib(hw.memory_bytes)} available"
         out.append(Candidate(dims, t, mem, reason))
     return sorted(out, key=lambda c: (bool(c.rejected), c.time.total, c.memory.total))
+
+
+CHECKPOINTING_ORDER = ("none", "selective", "full")  # least recomputation first
+
+
+def fitting_checkpointing(profile: ModelProfile, dims: ParallelDims, global_batch: int, hw: Hardware,
+                          optimizer: str = "adamw", momentum: float = 0.9) -> ParallelDims:
+    """``dims`` with the first activation checkpointing under which it fits ``hw.memory_bytes`` (none when the
+    memory is not known or the model has no blocks; full when nothing fits)."""
+    if not hw.memory_bytes or not profile.n_layers:
+        return replace(dims, ac="none")
+    for ac in CHECKPOINTING_ORDER:
+        fitted = replace(dims, ac=ac)
+        if memory_per_device(profile, fitted, global_batch, optimizer, momentum).total <= hw.memory_bytes:
+            return fitted
+    return replace(dims, ac="full")
 
 
 def best_plan(candidates: list[Candidate]) -> Candidate | None:

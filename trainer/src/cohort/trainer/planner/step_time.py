@@ -118,12 +118,12 @@ def _dp_seconds(profile: ModelProfile, dims: ParallelDims, stage: int, hw: Hardw
 
 
 def step_time(profile: ModelProfile, dims: ParallelDims, global_batch: int, hw: Hardware,
-              optimizer: str = "adamw", momentum: float = 0.9, ac: str = "none") -> StepTime:
+              optimizer: str = "adamw", momentum: float = 0.9) -> StepTime:
     """Predicted seconds per step; the slowest stage sets the pace of a pipeline.
 
-    ``ac`` full runs each block's forward twice (3 -> 4 passes of its FLOPs, its tp all-reduces again);
+    ``dims.ac`` full runs each block's forward twice (3 -> 4 passes of its FLOPs, its tp all-reduces again);
     selective recomputes only element-wise work, which the FLOP count leaves out."""
-    forwards = 2 if ac == "full" else 1
+    forwards = 2 if dims.ac == "full" else 1
     micro = global_batch / dims.dp / dims.microbatches
     slots = dims.microbatches + dims.pp - 1
     compute = tp = pp = dp = opt = 0.0
