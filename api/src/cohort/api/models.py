@@ -221,7 +221,7 @@ class Workload:
                     "third more block compute); selective (each block keeps the outputs of its matmuls, attention "
                     "and collectives and recomputes the cheap operations between them: norms, activations, "
                     "additions); auto (the first of none, selective and full under which the planner's memory model "
-                    "fits the device: a GPU's memory, COHORT_DEVICE_MEMORY or resources.limits.memory; with "
+                    "fits the device: COHORT_DEVICE_MEMORY, 90 % of a GPU's memory or resources.limits.memory; with "
                     "strategy auto, chosen with each plan; none for models other than the built-in transformer). "
                     "The gradients are those of none. full and selective need a model with blocks (model.layers).")
     deterministic: bool = field(True, doc="Use deterministic algorithms (required for bitwise resume).")

@@ -1,7 +1,9 @@
 """How much memory a device may use, and the activation checkpointing that fits in it.
 
-``device_memory``: ``COHORT_DEVICE_MEMORY`` (e.g. ``16GiB``) when set, else the GPU's own memory on a GPU
-worker, else ``spec.resources.limits.memory`` (a CPU worker's device is its host), else 0 (not known).
+``device_memory``: ``COHORT_DEVICE_MEMORY`` (e.g. ``16GiB``) when set, else 90 % of the GPU's own memory on a
+GPU worker (the rest for the CUDA context, NCCL's buffers and the caching allocator's slack, which the memory
+model does not count), else ``spec.resources.limits.memory`` (a CPU worker's device is its host), else 0 (not
+known).
 
 ``checkpointing_for``: the spec's ``workload.activationCheckpointing``, or for ``auto`` the first of none,
 selective and full under which the planner's memory model (planner/memory.py: parameters, gradients,
@@ -30,6 +32,8 @@ from ..planner.search import fitting_checkpointing
 
 log = get_logger(__name__)
 
+GPU_SHARE = 0.9  # of a GPU's memory, what the planner may plan for
+
 
 def device_memory(spec: TrainingJobSpec, device: torch.device | None = None) -> float:
     """Bytes a device may use (0: not known)."""
@@ -37,7 +41,7 @@ def device_memory(spec: TrainingJobSpec, device: torch.device | None = None) -> 
     if text:
         return parse_bytes(text)
     if device is not None and device.type == "cuda":
-        return float(torch.cuda.get_device_properties(device).total_memory)
+        return GPU_SHARE * torch.cuda.get_device_properties(device).total_memory
     limit = spec.resources.limits.get("memory")
     return parse_bytes(str(limit)) if limit else 0.0
 
