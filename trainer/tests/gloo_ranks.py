@@ -36,7 +36,7 @@ from cohort.trainer.parallel.base import PlanContext
 from cohort.trainer.parallel.registry import PARALLELISMS
 from cohort.trainer.runtime.ports import free_port, free_ports
 from cohort.trainer.runtime.process_group import exit_process
-from cohort.trainer.step import StepRunner
+from cohort.trainer.step import MicroBatching, StepRunner
 from cohort.trainer.sync.base import CommStats
 from cohort.trainer.workloads.workload import build_workload
 
@@ -76,6 +76,18 @@ def data_plan(spec: Any, rank: int = 0, world: int = 1, gate: Any = None) -> Dat
     module = plan.apply(w.model)
     optimizer = build_optimizer(module.parameters(), spec.workload.optimizer)
     return DataPlan(w, plan, module, optimizer, StepRunner(spec, torch.device("cpu"), stats, gate))
+
+
+def train_steps(dp: DataPlan, steps: int, batch: int) -> list[float]:
+    """``steps`` steps of ``dp`` on consecutive batches of ``batch`` training samples; their losses."""
+    w, plan, _module, optimizer, runner = dp
+    losses = []
+    for step in range(steps):
+        idx = torch.arange(step * batch, (step + 1) * batch)
+        r = runner.run(plan, optimizer, lambda idx=idx: w.data.train.fetch(idx), w.loss_fn, MicroBatching(),
+                       lambda: None, step + 1)
+        losses.append(r.loss)
+    return losses
 
 
 def _entry(rank: int, fn: Callable[..., Any], world: int, port: int, out: str, args: tuple, group: bool) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from gloo_ranks import data_plan
+from gloo_ranks import data_plan, train_steps
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -29,7 +29,6 @@ from cohort.trainer.planner.dims import ParallelDims
 from cohort.trainer.planner.memory import block_kept_bytes, memory_per_device
 from cohort.trainer.planner.profile import transformer_profile
 from cohort.trainer.profiling import profile_model
-from cohort.trainer.step import MicroBatching
 from cohort.trainer.workloads.models import MLP, DataInfo, Transformer
 from cohort.trainer.workloads.workload import build_workload
 
@@ -117,14 +116,7 @@ def lm_spec(**workload: Any) -> Any:
 
 
 def losses(spec: Any, steps: int = 3) -> list[float]:
-    w, plan, _module, optimizer, runner = data_plan(spec)
-    out = []
-    for step in range(steps):
-        idx = torch.arange(step * 8, (step + 1) * 8)
-        r = runner.run(plan, optimizer, lambda idx=idx: w.data.train.fetch(idx), w.loss_fn, MicroBatching(),
-                       lambda: None, step + 1)
-        out.append(r.loss)
-    return out
+    return train_steps(data_plan(spec), steps, 8)
 
 
 @pytest.mark.parametrize("mode", ["full", "selective"])

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 import torch
-from gloo_ranks import data_plan
+from gloo_ranks import data_plan, train_steps
 
 from cohort.api.jobconfig import from_manifest
-from cohort.trainer.step import MicroBatching, StepRunner
+from cohort.trainer.step import StepRunner
 
 
 def spec_with(**workload: Any) -> Any:
@@ -23,16 +23,10 @@ def spec_with(**workload: Any) -> Any:
 
 def train(spec: Any, steps: int) -> tuple[list[float], list[torch.dtype], StepRunner, torch.nn.Module]:
     """``steps`` steps on one rank; returns the losses, the dtypes the first layer computed in, the runner."""
-    w, plan, module, optimizer, runner = data_plan(spec)
+    dp = data_plan(spec)
     dtypes: list[torch.dtype] = []
-    w.model.fc1.register_forward_hook(lambda m, i, out: dtypes.append(out.dtype))
-    losses = []
-    for step in range(steps):
-        idx = torch.arange(step * 16, (step + 1) * 16)
-        r = runner.run(plan, optimizer, lambda idx=idx: w.data.train.fetch(idx), w.loss_fn, MicroBatching(),
-                       lambda: None, step + 1)
-        losses.append(r.loss)
-    return losses, dtypes, runner, module
+    dp.workload.model.fc1.register_forward_hook(lambda m, i, out: dtypes.append(out.dtype))
+    return train_steps(dp, steps, 16), dtypes, dp.runner, dp.module
 
 
 @pytest.mark.parametrize("precision,dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16),

@@ -73,11 +73,11 @@ def activation_bytes(profile: ModelProfile, dims: ParallelDims, stage: int, glob
     in_flight = dims.microbatches if dims.schedule == "gpipe" else min(dims.microbatches, dims.pp - stage)
     samples = micro * in_flight if dims.pp > 1 else per_rank
     blocks = len(stage_layers(profile.n_layers, stage, dims.pp)) if profile.n_layers else 0
-    per_sample = blocks * block_kept_bytes(profile, dims.tp, dims.ac)
+    kept = block_kept_bytes(profile, dims.tp, dims.ac)
+    per_sample = blocks * kept
     if stage == dims.pp - 1:
         per_sample += profile.last_act_bytes
     # While backward recomputes a block, the rest of its activations are alive again (one microbatch's).
-    kept = block_kept_bytes(profile, dims.tp, dims.ac)
     recomputed = micro * (block_kept_bytes(profile, dims.tp) - kept) if blocks else 0.0
     return samples * per_sample + recomputed
 
