@@ -32,6 +32,7 @@ from tests.support.specs import WORKLOAD
 from cohort.api.jobconfig import from_manifest
 from cohort.api.models import OWN_MOMENTUM
 from cohort.trainer.optim import build_optimizer
+from cohort.trainer.parallel.activation_probe import ProbeBatch
 from cohort.trainer.parallel.base import PlanContext
 from cohort.trainer.parallel.registry import PARALLELISMS
 from cohort.trainer.runtime.ports import free_port, free_ports
@@ -66,13 +67,15 @@ class DataPlan(NamedTuple):
     runner: StepRunner
 
 
-def data_plan(spec: Any, rank: int = 0, world: int = 1, gate: Any = None) -> DataPlan:
+def data_plan(spec: Any, rank: int = 0, world: int = 1, gate: Any = None, probe: bool = False) -> DataPlan:
     """``spec``'s workload (seeded 0) under the data plan of ``rank`` in a world of ``world`` (1 needs no process
-    group), its optimizer, and the StepRunner the trainer would use on the CPU (with commit ``gate``, if given)."""
+    group), its optimizer, and the StepRunner the trainer would use on the CPU (with commit ``gate``, if given;
+    ``probe``: the workload's samples to measure activations with, as the trainer gives activationCheckpointing
+    auto)."""
     torch.manual_seed(0)
     w = build_workload(spec)
     stats = CommStats()
-    plan = PARALLELISMS["data"](PlanContext(spec, rank, world, stats))
+    plan = PARALLELISMS["data"](PlanContext(spec, rank, world, stats, probe=ProbeBatch.of(w) if probe else None))
     module = plan.apply(w.model)
     optimizer = build_optimizer(module.parameters(), spec.workload.optimizer)
     return DataPlan(w, plan, module, optimizer, StepRunner(spec, torch.device("cpu"), stats, gate))

@@ -14,11 +14,22 @@ average or a dropped microbatch moves it by far more).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 from gloo_ranks import run_jobs
 from tests.support.local import cohort, run_local, write_manifest
+
+from cohort.api.jobconfig import from_manifest
+from cohort.trainer.parallel.activation_probe import ProbeBatch
+from cohort.trainer.parallel.memory_budget import memory_profile
+from cohort.trainer.planner.dims import ParallelDims
+from cohort.trainer.planner.memory import memory_per_device
+from cohort.trainer.planner.profile import ModelProfile
+from cohort.trainer.profiling import profile_spec
+from cohort.trainer.workloads.workload import build_workload
 
 pytestmark = [pytest.mark.dist]
 
@@ -71,11 +82,33 @@ def clipped(m: dict) -> dict:
 # Activation checkpointing under FSDP2 (full) and under tensor parallelism in pipeline stages (selective,
 # which keeps the all-reduces' outputs): the same losses as the same plan without it.
 CHECKPOINTED = {"fsdp": "full", "hybrid": "selective"}
+
+
+def fitted_auto(name: str) -> dict:
+    """FSDP on 2 ranks in bf16 with activationCheckpointing auto, on a device (a CPU worker's: the pod's memory
+    limit) that holds the plan with selective checkpointing as bf16 keeps it (measured here as the trainer
+    measures it), but neither without checkpointing nor with selective as the planner's fp32 count has it: the
+    trainer must measure its blocks on its samples, in bf16 with FSDP's bf16 parameters, and choose selective."""
+    m = lm_manifest(name, "fsdp", dp=2, ac="auto")
+    m["spec"]["workload"]["precision"] = "bf16"
+    spec, dims = from_manifest(m).spec, ParallelDims(dp=2)
+    w = build_workload(spec)
+    measured, _why = memory_profile(spec, w.model, dims, torch.device("cpu"), ProbeBatch.of(w))
+    assert measured is not None
+
+    def need(profile: ModelProfile, ac: str) -> float:
+        return memory_per_device(profile, replace(dims, ac=ac), GLOBAL_BATCH).total
+    low, high = need(measured, "selective"), min(need(measured, "none"), need(profile_spec(spec), "selective"))
+    assert low < high
+    m["spec"]["resources"] = {"limits": {"memory": str(int((low + high) / 2))}}
+    return m
+
+
 RUNS = [(f"{prefix}{name}", workers, change(lm_manifest(name, **kwargs)))
         for prefix, change in (("", lambda m: m), ("clipped-", clipped))
         for name, (workers, kwargs, _plan) in {"data": (2, dict(strategy="data", dp=2), ""), **CASES}.items()] + [
     (f"{name}-{ac}", CASES[name][0], lm_manifest(f"{name}-{ac}", **CASES[name][1], ac=ac))
-    for name, ac in CHECKPOINTED.items()]
+    for name, ac in CHECKPOINTED.items()] + [("fsdp-auto", 2, fitted_auto("fsdp-auto"))]
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +139,13 @@ def test_checkpointed_blocks_train_the_plans_own_losses(runs, name):
     assert checkpointed.get("step") == STEPS and checkpointed["plan"] == f"{plain['plan']} ac={ac}", checkpointed
     assert (plain["activationCheckpointing"], checkpointed["activationCheckpointing"]) == ("none", ac)
     assert checkpointed["eval_loss"] == plain["eval_loss"] and checkpointed["loss"] == plain["loss"]
+
+
+def test_auto_checkpoints_as_far_as_the_pods_memory_needs_as_measured_in_bf16(runs):
+    auto = runs["fsdp-auto"]
+    assert (auto.get("step"), auto["plan"], auto["activationCheckpointing"], auto["precision"]) == \
+        (STEPS, f"{CASES['fsdp'][2]} ac=selective", "selective", "bf16"), auto
+    assert auto["eval_loss"] < 2.5  # it learned (ln 64 = 4.16 at the start)
 
 
 @pytest.fixture(scope="module")

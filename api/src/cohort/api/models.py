@@ -221,8 +221,9 @@ class Workload:
                     "third more block compute); selective (each block keeps the outputs of its matmuls, attention "
                     "and collectives and recomputes the cheap operations between them: norms, activations, "
                     "additions); auto (the first of none, selective and full under which the planner's memory model "
-                    "fits the device: COHORT_DEVICE_MEMORY, 90 % of a GPU's memory or resources.limits.memory; with "
-                    "strategy auto, chosen with each plan; none for models other than the built-in transformer). "
+                    "fits the device: COHORT_DEVICE_MEMORY, 90 % of a GPU's memory or resources.limits.memory, with "
+                    "what the model's blocks keep measured at start-up on the worker's device in this precision; "
+                    "with strategy auto, chosen with each plan; none for a model without blocks). "
                     "The gradients are those of none. full and selective need a model with blocks (model.layers).")
     deterministic: bool = field(True, doc="Use deterministic algorithms (required for bitwise resume).")
     eval_every_epochs: int = field(1, minimum=0, doc="Evaluate on the test split every N epochs (0: only at the end).")

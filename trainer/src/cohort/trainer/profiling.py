@@ -65,6 +65,19 @@ def profile_model(model: nn.Module, sample: torch.Tensor | None = None) -> Model
     return generic_profile(model, sample)
 
 
+def block_profile(model: nn.Module, blocks: list[nn.Module]) -> ModelProfile:
+    """A model with blocks (``layers``), by its parameters: what the memory model needs besides activations
+    (which ``parallel/activation_probe.py`` measures). Blocks are taken as alike: the mean of their sizes."""
+    params = sum(p.numel() for p in model.parameters())
+    in_blocks = sum(p.numel() for b in blocks for p in b.parameters())
+    return ModelProfile(
+        name=type(model).__name__, n_layers=len(blocks), block_params=in_blocks // len(blocks), block_params_tp=0,
+        first_params=params - in_blocks, first_params_tp=0, last_params=0, last_params_tp=0,
+        block_flops=0.0, first_flops=0.0, last_flops=0.0, block_act_bytes=0.0, block_act_bytes_tp=0.0,
+        block_kept_selective=0.0, block_kept_selective_tp=0.0, last_act_bytes=0.0, boundary_bytes=0.0,
+        logits_bytes=0.0)
+
+
 def generic_profile(model: nn.Module, sample: torch.Tensor) -> ModelProfile:
     """Any model, measured on one sample: FLOPs with FlopCounterMode, activations from leaf outputs."""
     import torch

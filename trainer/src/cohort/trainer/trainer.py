@@ -36,7 +36,8 @@ from .ledger import HealthyPace, TimeLedger
 from .loader import BatchLoader
 from .metrics import WorkerMetrics
 from .optim import build_optimizer, lr_at
-from .parallel.activation_checkpoint import check_activation_checkpointing
+from .parallel.activation_checkpoint import applied_checkpointing, check_activation_checkpointing
+from .parallel.activation_probe import ProbeBatch
 from .parallel.base import Plan, PlanContext
 from .parallel.registry import PARALLELISMS
 from .paths import map_path
@@ -114,6 +115,10 @@ class Trainer:
         self.model = self.workload.model
         PARALLELISMS[self.spec.parallelism.strategy].check(self.spec, self.model)  # refuse what cannot run
         check_activation_checkpointing(self.spec.workload.activation_checkpointing, self.model)
+        # Planning for the device's memory measures what the model keeps on two samples (activationCheckpointing
+        # auto, strategy auto: parallel/activation_probe.py).
+        self.probe = ProbeBatch.of(self.workload) if "auto" in (self.spec.workload.activation_checkpointing,
+                                                                  self.spec.parallelism.strategy) else None
         # Sharded plans restart each world from an unsharded model: keep one untouched copy.
         # (on the host: it is copied to the device once a world's plan has sharded it)
         self.pristine = copy.deepcopy(self.model) if self.spec.parallelism.strategy != "data" else None
@@ -245,7 +250,7 @@ class Trainer:
             self.metrics.collective_timeout.set(self.armed_timeout_s)
         self.plan = PARALLELISMS[self.spec.parallelism.strategy](
             PlanContext(self.spec, rank, world.size, self.stats, model=self.pristine, device=self.device,
-                        carried=self.state.sync, check_gate=self.gate.check))
+                        carried=self.state.sync, check_gate=self.gate.check, probe=self.probe))
         self.sampler.batch_size = self.plan.batch_size
         if self.plan.replicated and not self.sharded_model:
             self._agree_on_state()
@@ -655,7 +660,9 @@ class Trainer:
                    "tokensPerSecond": self.throughput.tokens_per_second(self.sps) if self.sps else None,
                    "mfu": self._mfu(), "device": str(self.device), "peakMemoryBytes": peak_memory_bytes(self.device),
                    "precision": self.spec.workload.precision, "compiled": self.spec.workload.compile,
-                   "activationCheckpointing": self.spec.workload.activation_checkpointing,
+                   # the mode the blocks run (auto's choice), else the spec's
+                   "activationCheckpointing": applied_checkpointing(self.model)
+                   or self.spec.workload.activation_checkpointing,
                    "worldVersion": self.world.version if self.world else 0, "checkpoints": self.ckpt.committed,
                    # the newest durable checkpoint, so the job's status names it at the end (a /progress read
                    # before the last saves would name one the keep limit has pruned since)

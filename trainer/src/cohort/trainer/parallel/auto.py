@@ -12,7 +12,8 @@ Hardware comes from the calibration file (``COHORT_CALIBRATION`` or
 ``~/.cache/cohort/calibration.json``, written by ``cohort calibrate``), else
 the defaults; device memory from ``memory_budget.device_memory`` (``COHORT_DEVICE_MEMORY``, a GPU's own,
 ``spec.resources.limits.memory``, else unlimited). ``activationCheckpointing: auto`` is planned with each
-split: the plan gets the least recomputation under which it fits.
+split: the plan gets the least recomputation under which it fits. With a known memory, the activations are
+those the trainer measures on the job's samples and device (parallel/activation_probe.py).
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ from ..planner import Candidate, Hardware, best_plan, load_hardware, rank_plans
 from ..planner.dims import ParallelDims
 from ..profiling import profile_model
 from ..workloads.splits import Split
+from .activation_probe import ProbeBatch
 from .base import Plan, PlanContext
 from .data import DataParallel
 from .dims import ParallelismError
-from .memory_budget import checkpointing_for, device_memory
+from .memory_budget import checkpointing_for, device_memory, memory_profile
 from .sharded import MeshPlan
 
 log = get_logger(__name__)
@@ -52,21 +54,21 @@ def _sample(model: nn.Module) -> torch.Tensor | None:
 
 
 def choose_dims(spec: TrainingJobSpec, model: nn.Module | None, world_size: int,
-                device: torch.device | None = None) -> ParallelDims:
+                device: torch.device | None = None, probe: ProbeBatch | None = None) -> ParallelDims:
     """The planner's first choice (a single-process decision; see AutoPlan for the collective one)."""
     replicas = ParallelDims(dp=world_size, dp_mode="ddp")
     if model is None or spec.sync.algorithm != "allreduce" or spec.compression.method != "none":
         # Gossip, local SGD and compression act on whole replicas: only data parallelism runs them.
-        return checkpointing_for(spec, model, replicas, device)
+        return checkpointing_for(spec, model, replicas, device, probe)
     from ..planner import format_table, load_hardware
     from ..workloads.models import Transformer
 
     sample = None if isinstance(model, Transformer) else _sample(model)
     if sample is None and not isinstance(model, Transformer):
-        return checkpointing_for(spec, model, replicas, device)
+        return checkpointing_for(spec, model, replicas, device, probe)
     hw = load_hardware(os.environ.get("COHORT_CALIBRATION") or None).with_overrides(
         memory_bytes=device_memory(spec, device))
-    best, ranked = plan_for(spec, model, world_size, hw, sample=sample)
+    best, ranked = plan_for(spec, model, world_size, hw, sample=sample, probe=probe, device=device)
     log.info("auto plan chosen", extra={"plan": best.dims.describe(), "predicted_step_ms":
                                         round(best.time.total * 1e3, 2), "hardware": hw.source,
                                         "ranking": format_table(ranked, limit=8).splitlines()})
@@ -74,15 +76,21 @@ def choose_dims(spec: TrainingJobSpec, model: nn.Module | None, world_size: int,
 
 
 def plan_for(spec: TrainingJobSpec, model: nn.Module, world_size: int, hw: Hardware | None = None,
-             sample: Any = None) -> tuple[Candidate, list[Candidate]]:
+             sample: Any = None, probe: ProbeBatch | None = None,
+             device: torch.device | None = None) -> tuple[Candidate, list[Candidate]]:
     """The planner's choice for ``spec`` on ``world_size`` ranks, and the whole ranked list.
 
     The global batch is the one data parallelism would use on this world
     (``batchSize x world_size``); ``parallelism.tensor``/``pipeline`` above 1
-    pin those degrees.
+    pin those degrees. With ``probe`` and a known device memory, the activations are measured on ``device`` in
+    the job's precision (memory_budget.memory_profile), once, with fp32 parameters under autocast: for FSDP plans
+    in bf16, whose parameters and block inputs are bf16, a little more than they keep.
     """
     hw = hw or load_hardware()
     profile = profile_model(model, sample)
+    if probe is not None and hw.memory_bytes:
+        measured, _why = memory_profile(spec, model, ParallelDims(dp_mode="ddp"), device or torch.device("cpu"), probe)
+        profile = measured or profile
     opt = spec.workload.optimizer
     p = spec.parallelism
     candidates = rank_plans(world_size, profile, hw, spec.workload.batch_size * world_size, opt.name,
@@ -98,7 +106,7 @@ def plan_for(spec: TrainingJobSpec, model: nn.Module, world_size: int, hw: Hardw
 class AutoPlan(Plan):
     def __init__(self, ctx: PlanContext):
         super().__init__(ctx)
-        choice = [choose_dims(ctx.spec, ctx.model, ctx.world_size, ctx.device) if ctx.rank == 0 else None]
+        choice = [choose_dims(ctx.spec, ctx.model, ctx.world_size, ctx.device, ctx.probe) if ctx.rank == 0 else None]
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.broadcast_object_list(choice, src=0)
         dims = choice[0]

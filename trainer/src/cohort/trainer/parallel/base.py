@@ -27,6 +27,7 @@ from cohort.api.models import TrainingJobSpec
 from ..runtime.device import to_device
 from ..sync.base import CommStats
 from ..workloads.splits import Split
+from .activation_probe import ProbeBatch
 from .clip import clip_grad_norm
 
 
@@ -40,6 +41,7 @@ class PlanContext:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # runtime/device.py's choice
     carried: dict[str, torch.Tensor] = field(default_factory=dict)  # the sync's state across worlds (TrainState.sync)
     check_gate: Callable[[], None] = lambda: None  # the commit gate's check, for exchanges after the step (SyncContext)
+    probe: ProbeBatch | None = None  # samples to measure activations with (activationCheckpointing auto)
 
 
 class Plan(ABC):

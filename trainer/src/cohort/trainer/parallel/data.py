@@ -26,7 +26,7 @@ class DataParallel(Plan):
 
     def apply(self, model: nn.Module) -> nn.Module:
         self.ac = applied_checkpointing(model) or self.ac or checkpointing_for(
-            self.ctx.spec, model, ParallelDims(dp=self.ctx.world_size, dp_mode="ddp"), self.ctx.device).ac
+            self.ctx.spec, model, ParallelDims(dp=self.ctx.world_size, dp_mode="ddp"), self.ctx.device, self.ctx.probe).ac
         apply_activation_checkpointing(model, self.ac)
         if self.ctx.spec.workload.compile:
             apply_compile(model)

@@ -18,7 +18,8 @@ from .sharded import MeshPlan
 
 def _dims(ctx: PlanContext, **fixed: Any) -> ParallelDims:
     """This world's dims from the spec, with its activation checkpointing (auto fitted to the device)."""
-    return checkpointing_for(ctx.spec, ctx.model, dims_for_world(ctx.spec, ctx.world_size, **fixed), ctx.device)
+    return checkpointing_for(ctx.spec, ctx.model, dims_for_world(ctx.spec, ctx.world_size, **fixed), ctx.device,
+                             ctx.probe)
 
 
 class FSDPPlan(MeshPlan):

@@ -9,8 +9,10 @@ the schedule sets how many microbatches' activations are alive at once
 (GPipe: all m; 1F1B: at most p on the first stage). Activation checkpointing
 (``workload.activationCheckpointing``) keeps less per block: ``full`` its input,
 plus the rest of one block's activations while backward recomputes it; ``selective`` the
-outputs of its matmuls and attention (with tp, also the all-reduces' outputs).
-Everything is fp32, and the worst stage is reported (the device that runs out first).
+outputs of its matmuls and attention (with tp, also the all-reduces' outputs). Bytes a block keeps whatever the
+batch (autocast's bf16 copies of its weights: ``ModelProfile.block_fixed``) divide with its weights under tp.
+Parameters, gradients and optimizer state are fp32; activations are the profile's (fp32 when counted, the job's
+precision when measured), and the worst stage is reported (the device that runs out first).
 """
 
 from __future__ import annotations
@@ -59,27 +61,48 @@ def stage_params(profile: ModelProfile, dims: ParallelDims, stage: int) -> tuple
 def block_kept_bytes(profile: ModelProfile, tp: int, ac: str = "none") -> float:
     """Activations one block keeps per sample from its forward to its backward, under ``ac``."""
     if ac == "full":
-        return profile.boundary_bytes
+        return profile.block_kept_full
     if ac == "selective":
         tp_outputs = 2 * profile.boundary_bytes if tp > 1 else 0.0  # wo's and w2's all-reduced outputs
         return profile.block_kept_selective + profile.block_kept_selective_tp / tp + tp_outputs
     return profile.block_act_bytes + profile.block_act_bytes_tp / tp
 
 
+def block_fixed_bytes(profile: ModelProfile, tp: int, ac: str = "none") -> float:
+    """Bytes one block keeps whatever the batch under ``ac`` (its weights' low-precision copies), on one tp rank."""
+    fixed = profile.block_fixed[("none", "selective", "full").index(ac)]
+    split = profile.block_params_tp / profile.block_params if profile.block_params else 0.0
+    return fixed * (1 - split + split / tp)
+
+
 def activation_bytes(profile: ModelProfile, dims: ParallelDims, stage: int, global_batch: int) -> float:
-    """Activations alive at the peak of backward on ``stage``'s device (checkpointed as ``dims.ac`` says)."""
+    """Activations alive at the peak of backward on ``stage``'s device (checkpointed as ``dims.ac`` says): those
+    kept after the forward, and while backward recomputes a block the rest of its own (one microbatch's)."""
+    if not _stage_blocks(profile, dims, stage):
+        return kept_after_forward(profile, dims, stage, global_batch)
+    micro = global_batch / dims.dp / dims.microbatches
+    recomputed = micro * (block_kept_bytes(profile, dims.tp) - block_kept_bytes(profile, dims.tp, dims.ac)) + \
+        block_fixed_bytes(profile, dims.tp) - block_fixed_bytes(profile, dims.tp, dims.ac)
+    return kept_after_forward(profile, dims, stage, global_batch) + recomputed
+
+
+def kept_after_forward(profile: ModelProfile, dims: ParallelDims, stage: int, global_batch: int) -> float:
+    """Activations ``stage``'s device holds when its forward passes are done and backward begins."""
     per_rank = global_batch / dims.dp
     micro = per_rank / dims.microbatches
     in_flight = dims.microbatches if dims.schedule == "gpipe" else min(dims.microbatches, dims.pp - stage)
     samples = micro * in_flight if dims.pp > 1 else per_rank
-    blocks = len(stage_layers(profile.n_layers, stage, dims.pp)) if profile.n_layers else 0
-    kept = block_kept_bytes(profile, dims.tp, dims.ac)
-    per_sample = blocks * kept
+    blocks = _stage_blocks(profile, dims, stage)
+    per_sample = blocks * block_kept_bytes(profile, dims.tp, dims.ac)
+    whatever = blocks * block_fixed_bytes(profile, dims.tp, dims.ac)
     if stage == dims.pp - 1:
         per_sample += profile.last_act_bytes
-    # While backward recomputes a block, the rest of its activations are alive again (one microbatch's).
-    recomputed = micro * (block_kept_bytes(profile, dims.tp) - kept) if blocks else 0.0
-    return samples * per_sample + recomputed
+        whatever += profile.last_fixed
+    return samples * per_sample + whatever
+
+
+def _stage_blocks(profile: ModelProfile, dims: ParallelDims, stage: int) -> int:
+    return len(stage_layers(profile.n_layers, stage, dims.pp)) if profile.n_layers else 0
 
 
 def memory_per_device(profile: ModelProfile, dims: ParallelDims, global_batch: int, optimizer: str = "adamw",

@@ -10,12 +10,16 @@ Counts are per *sample* (one sequence of ``seq_len`` tokens) and fp32:
 - forward FLOPs (a training step costs 3x: forward + backward's two matmuls);
 - parameters, with the part tensor parallelism splits (``*_tp``);
 - bytes of activations autograd keeps for backward, with the part tp splits, and what a block keeps under
-  selective activation checkpointing (full keeps the block's input, ``boundary_bytes``).
+  selective and full activation checkpointing;
+- bytes kept whatever the batch (autocast's low-precision copies of the weights: 0 in fp32).
+
+The activation counts are fp32. ``with_measured_activations`` puts in their place what the trainer measured on
+the device in the job's precision (parallel/activation_probe.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 BYTES = 4  # fp32 parameters, gradients, optimizer state and activations
 
@@ -43,6 +47,9 @@ class ModelProfile:
     tp_divides: tuple[int, ...] = ()   # sizes tp must divide (heads, vocab, ffn hidden); () = no TP plan
     tp_allreduces_fwd: int = 2   # per block: after wo and w2 (row-wise)
     tp_allreduces_bwd: int = 4   # per block: input grads of wq, wk, wv and w1 (column-wise)
+    block_kept_full: float = 0.0  # kept per sample under full activation checkpointing (the block's input)
+    block_fixed: tuple[float, float, float] = (0.0, 0.0, 0.0)  # one block, whatever the batch: none, selective, full
+    last_fixed: float = 0.0       # the rest (embeddings, output, loss), whatever the batch
 
     @property
     def params(self) -> int:
@@ -90,4 +97,24 @@ def transformer_profile(dim: int, n_layers: int, n_heads: int, ffn_mult: int, vo
         block_kept_selective=float(t * 3 * d * BYTES), block_kept_selective_tp=float(t * (4 * d + h + f) * BYTES),
         last_act_bytes=float(t * (2 * d + 2 + 2 * v) * BYTES),
         boundary_bytes=float(t * d * BYTES), logits_bytes=float(t * v * BYTES),
-        tp_divides=(h, v, f))
+        tp_divides=(h, v, f), block_kept_full=float(t * d * BYTES))
+
+
+def with_measured_activations(profile: ModelProfile, per_sample: dict[str, float], fixed: dict[str, float],
+                              rest: tuple[float, float]) -> ModelProfile:
+    """``profile`` with the activations measured for one block under each checkpointing mode (``per_sample`` and
+    ``fixed``, keyed none, selective, full) and for the rest (per sample, fixed).
+
+    Measured on a whole block: a counted profile's split between the replicated part and the part tensor
+    parallelism divides is kept in proportion (the measurement scales both)."""
+    def split(replicated: float, tp_part: float, measured: float) -> tuple[float, float]:
+        counted = replicated + tp_part
+        return (measured * replicated / counted, measured * tp_part / counted) if counted else (measured, 0.0)
+
+    none, none_tp = split(profile.block_act_bytes, profile.block_act_bytes_tp, per_sample["none"])
+    selective, selective_tp = split(profile.block_kept_selective, profile.block_kept_selective_tp,
+                                    per_sample["selective"])
+    return replace(profile, block_act_bytes=none, block_act_bytes_tp=none_tp, block_kept_selective=selective,
+                   block_kept_selective_tp=selective_tp, block_kept_full=per_sample["full"],
+                   block_fixed=(fixed["none"], fixed["selective"], fixed["full"]),
+                   last_act_bytes=rest[0], last_fixed=rest[1])
