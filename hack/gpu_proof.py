@@ -535,13 +535,28 @@ def phase_plain(ph: Phase) -> None:
 def checkpointing_memory(shape: dict[str, int], device: Any, x: Any, y: Any) -> dict[str, Any]:
     """Each workload.activationCheckpointing mode on the same model and batch, eager, bf16 autocast: the device's
     peak allocated memory over 4 steps (torch.cuda.max_memory_allocated; on the CPU none), what was allocated
-    before the mode's model was built (the phase's compiled model is still resident), and the median step."""
+    before the mode's model was built (the phase's compiled model is still resident), and the median step; beside
+    them what activationCheckpointing auto would plan for: the memory model's bytes (parameters, gradients, AdamW's
+    state, activations) with the activations measured on this device (parallel/activation_probe.py), to hold
+    against the peak less what was resident."""
     import torch
 
     from cohort.trainer.parallel.activation_checkpoint import apply_activation_checkpointing
+    from cohort.trainer.parallel.activation_probe import MODES, ProbeBatch, measure_activations
+    from cohort.trainer.planner.dims import ParallelDims
+    from cohort.trainer.planner.memory import memory_per_device
+    from cohort.trainer.planner.profile import transformer_profile, with_measured_activations
     from cohort.trainer.workloads.workload import cross_entropy
 
-    out: dict[str, Any] = {}
+    probe_start = time.perf_counter()
+    acts = measure_activations(build_model(shape, device), ProbeBatch(x[:2], y[:2], cross_entropy), device, "bf16")
+    profile = with_measured_activations(
+        transformer_profile(shape["dim"], shape["n_layers"], shape["n_heads"], shape["ffn_mult"], shape["vocab"],
+                            shape["seq_len"]),
+        {m: acts.block[m].per_sample for m in MODES}, {m: acts.block[m].fixed for m in MODES},
+        (acts.rest.per_sample, acts.rest.fixed))
+    out: dict[str, Any] = {"probe_s": round(time.perf_counter() - probe_start, 3),
+                           "probe": {m: vars(acts.block[m]) for m in MODES} | {"rest": vars(acts.rest)}}
     for mode in ("none", "full", "selective"):
         resident = None
         if device.type == "cuda":
@@ -562,7 +577,9 @@ def checkpointing_memory(shape: dict[str, int], device: Any, x: Any, y: Any) -> 
             times.append(time.perf_counter() - s)
         out[mode] = {"step_s_median_of_last_3": round(statistics.median(times[1:]), 5), "loss": round(float(loss), 4),
                      "resident_before_bytes": resident,
-                     "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None}
+                     "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+                     "planned_bytes": round(memory_per_device(profile, ParallelDims(dp=1, dp_mode="ddp", ac=mode),
+                                                              len(x), "adamw").total)}
         del model, opt, loss
     return out
 
