@@ -243,6 +243,15 @@ def test_ranks_by_time_and_rejects_over_memory(tiny):
     assert "fastest" in table and "rejected: needs" in table and "vs #1, mostly" in table
 
 
+def test_the_tables_columns_stay_aligned_under_long_plan_names(tiny):
+    """``dp=2 tp=1 pp=1 fsdp ac=selective`` is longer than the plan column's 28 characters: it widens."""
+    ranked = rank_plans(2, tiny, HW, global_batch=8, ac="selective")
+    assert max(len(c.dims.describe()) for c in ranked) > 28
+    lines = format_table(ranked).splitlines()
+    end = lines[0].index("step ms") + len("step ms")  # the step time is right-aligned under its header
+    assert all(line[end - 1].isdigit() and line[end] == " " for line in lines[2:]), "\n".join(lines)
+
+
 # --- hardware ------------------------------------------------------------------------------------------
 def test_units_parse():
     assert parse_bytes("80GiB") == 80 * 2 ** 30 and parse_bytes("4Gi") == 4 * 2 ** 30

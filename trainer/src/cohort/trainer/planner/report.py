@@ -39,15 +39,16 @@ def explain(c: Candidate, best: Candidate | None) -> str:
 def format_table(candidates: list[Candidate], limit: int | None = None) -> str:
     """A fixed-width table: rank, plan, predicted step time by part, memory per device, and why."""
     best = next((c for c in candidates if not c.rejected), None)
-    header = (f"{'#':>3}  {'plan':<28} {'step ms':>8} {'compute':>8} {'bubble':>7} {'tp':>7} {'pp':>6} "
+    rows = candidates if limit is None else candidates[:limit]
+    w = max([28, *(len(c.dims.describe()) for c in rows)])  # the plan column fits its longest plan
+    header = (f"{'#':>3}  {'plan':<{w}} {'step ms':>8} {'compute':>8} {'bubble':>7} {'tp':>7} {'pp':>6} "
               f"{'dp':>7} {'optim':>6} {'mem/dev':>10}  why")
     lines = [header, "-" * len(header)]
-    rows = candidates if limit is None else candidates[:limit]
     for i, c in enumerate(rows, 1):
         t = c.time
         rank = "-" if c.rejected else str(i)
         lines.append(
-            f"{rank:>3}  {c.dims.describe():<28} {t.total * 1e3:8.1f} {t.compute * 1e3:8.1f} {t.bubble * 1e3:7.1f} "
+            f"{rank:>3}  {c.dims.describe():<{w}} {t.total * 1e3:8.1f} {t.compute * 1e3:8.1f} {t.bubble * 1e3:7.1f} "
             f"{t.tp * 1e3:7.1f} {t.pp * 1e3:6.1f} {t.dp * 1e3:7.1f} {t.optimizer * 1e3:6.1f} "
             f"{_size(c.memory.total):>10}  {explain(c, best)}")
     if limit is not None and len(candidates) > limit:
