@@ -49,6 +49,7 @@ NAME = "sim"
 _installed = False
 _libraries: list[Any] = []  # torch.library registrations live as long as their Library object
 COLLECTIVES: list[tuple[str, str]] = []  # this process's collectives: (op, "device" | "host"), in call order
+_METERS: list[DeviceMeter] = []  # those measuring now
 
 # Ops where CUDA accepts host tensors beside device ones.
 MIX_ALLOWED = {"aten.copy_.default", "aten._to_copy.default", "aten.index.Tensor", "aten.index_put_.default",
@@ -172,6 +173,8 @@ class Sim(torch.Tensor):
             cls, elem.shape, strides=elem.stride(), dtype=elem.dtype, device=torch.device(NAME, 0),
             requires_grad=elem.requires_grad, storage_offset=elem.storage_offset())
         r.elem = elem
+        for meter in _METERS:
+            meter.created(elem)
         return r
 
     def __repr__(self) -> str:  # type: ignore[override]
@@ -195,6 +198,40 @@ class Sim(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         return _run(func, args, kwargs or {})
+
+
+class DeviceMeter:
+    """The most bytes the simulated device held at once while it was active: the storages of its live tensors
+    (views counted once; a storage FSDP freed by resizing it counts 0), summed each time a tensor is made."""
+
+    def __init__(self) -> None:
+        self.live: set[int] = set()  # weak references to storages (a StorageImpl's address: unique while held)
+        self.peak = 0
+
+    def created(self, elem: torch.Tensor) -> None:
+        ref = elem.untyped_storage()._weak_ref()
+        if ref in self.live:
+            torch.UntypedStorage._free_weak_ref(ref)  # each call takes one more: give this one back
+        else:
+            self.live.add(ref)
+        total = 0
+        for ref in list(self.live):
+            if torch.UntypedStorage._expired(ref):
+                torch.UntypedStorage._free_weak_ref(ref)
+                self.live.discard(ref)
+            else:
+                total += torch.UntypedStorage._new_with_weak_ptr(ref).nbytes()
+        self.peak = max(self.peak, total)
+
+    def __enter__(self) -> DeviceMeter:
+        _METERS.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _METERS.remove(self)
+        for ref in self.live:
+            torch.UntypedStorage._free_weak_ref(ref)
+        self.live.clear()
 
 
 def _log_collective(name: str, on_device: bool) -> None:

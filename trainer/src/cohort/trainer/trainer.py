@@ -39,7 +39,7 @@ from .optim import build_optimizer, lr_at
 from .parallel.activation_checkpoint import applied_checkpointing, check_activation_checkpointing
 from .parallel.activation_probe import ProbeBatch
 from .parallel.base import Plan, PlanContext
-from .parallel.registry import PARALLELISMS
+from .parallel.registry import PARALLELISMS, SHARDED_STRATEGIES
 from .paths import map_path
 from .runtime.device import (
     NCCL_ERROR_HANDLING,
@@ -119,11 +119,15 @@ class Trainer:
         # auto, strategy auto: parallel/activation_probe.py).
         self.probe = ProbeBatch.of(self.workload) if "auto" in (self.spec.workload.activation_checkpointing,
                                                                   self.spec.parallelism.strategy) else None
-        # Sharded plans restart each world from an unsharded model: keep one untouched copy.
-        # (on the host: it is copied to the device once a world's plan has sharded it)
-        self.pristine = copy.deepcopy(self.model) if self.spec.parallelism.strategy != "data" else None
+        # Sharded plans restart each world from an unsharded model, kept untouched on the host: each world's plan
+        # shards a copy of it onto the device unit by unit (parallelize.py), so the device never holds the whole
+        # model. An explicit sharded strategy never trains the model built here: it is that copy itself.
+        sharded_only = self.spec.parallelism.strategy in SHARDED_STRATEGIES
+        self.pristine = None if self.spec.parallelism.strategy == "data" else \
+            self.model if sharded_only else copy.deepcopy(self.model)
         self.sharded_model = False  # the model holds one world's shards (set by _enter_sharded)
-        self.model.to(self.device)  # placed before the optimizer exists, so its state lands there too
+        if not sharded_only:
+            self.model.to(self.device)  # placed before the optimizer exists, so its state lands there too
         self.optimizer = build_optimizer(self.model.parameters(), self.spec.workload.optimizer)
         data = self.workload.data
         self.sampler = ElasticSampler(len(data.train), self.spec.workload.batch_size, self.spec.workload.seed,
@@ -306,8 +310,9 @@ class Trainer:
         and DCP reshards it to this world's mesh (any dp, tp or pp degree).
         """
         assert self.plan is not None and self.pristine is not None
-        self.model = copy.deepcopy(self.pristine).to(self.device)
+        self.model = copy.deepcopy(self.pristine)  # on the host: the plan places it, shard by shard
         if self.plan.replicated:  # auto moved from a sharded plan to replicas: load into plain tensors
+            self.model.to(self.device)
             self.optimizer = build_optimizer(self.model.parameters(), self.spec.workload.optimizer)
             self.state.rebind(self.model, self.optimizer)
             self.sharded_model = False

@@ -6,6 +6,9 @@ parameters are gathered at a time, and the root unit takes what is left
 When the model already holds tensor-parallel DTensors (1-D on the tp mesh),
 ``fully_shard`` on the dp mesh makes them 2-D; that is how tp and dp compose
 (plain DDP over TP parameters fails on gloo).
+
+A model on the host is moved to ``device`` a unit at a time, each just before it is sharded: the device holds
+the shards so far and one unit whole, never the whole model.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, reshard_after_forward: bool = True,
-               precision: str = "fp32") -> nn.Module:
+               precision: str = "fp32", device: torch.device | None = None) -> nn.Module:
     """Shard ``model`` in place over ``dp_mesh``; returns it (now an FSDPModule).
 
     ``precision`` bf16: parameters are gathered and computed in bf16, gradients
@@ -38,7 +41,8 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, reshard_after_forward: 
     """
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if precision == "bf16" else MixedPrecisionPolicy()
-    for unit in shard_units(model):
+    for unit in [*shard_units(model), model]:  # the root last: what the blocks left (embeddings, head)
+        if device is not None:
+            unit.to(device)  # a sharded block's DTensors are there already: only this unit's own tensors move
         fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
     return model

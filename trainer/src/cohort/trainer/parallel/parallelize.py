@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -46,8 +47,11 @@ class Parallelized:
     pipeline: Pipeline | None      # set when pp > 1
 
 
-def parallelize(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, workload: Workload) -> Parallelized:
-    """``model`` must already be on the mesh's device."""
+def parallelize(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, workload: Workload,
+                device: torch.device) -> Parallelized:
+    """``model`` may be on the host: tensor parallelism and FSDP2 move each tensor to ``device`` (the mesh's) as
+    they shard it, one unit at a time, so the device never holds the whole unsharded model; what neither shards
+    (a stage without dp or tp) moves after them."""
     pp_rank = mesh.get_local_rank("pp")
     if dims.pp > 1:
         split_stage(model, pp_rank, dims.pp)  # type: ignore[arg-type]  # check_dims allowed transformers only
@@ -57,9 +61,10 @@ def parallelize(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, workload
     if workload.compile:
         apply_compile(model)
     if dims.dp > 1:
-        apply_fsdp(model, mesh["dp"], reshard_after_forward=dims.pp == 1, precision=workload.precision)
+        apply_fsdp(model, mesh["dp"], reshard_after_forward=dims.pp == 1, precision=workload.precision,
+                   device=device)
+    model.to(device)
     pipeline = None
     if dims.pp > 1:
-        device = next(model.parameters()).device
         pipeline = Pipeline(model, pp_rank, dims.pp, mesh.get_group("pp"), dims.microbatches, dims.schedule, device)
     return Parallelized(model, pipeline)

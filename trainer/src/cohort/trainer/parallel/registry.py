@@ -15,3 +15,6 @@ PARALLELISMS: dict[str, type[Plan]] = {
     "hybrid": HybridPlan,
     "auto": AutoPlan,
 }
+
+# The strategies whose every world is sharded (their plans are MeshPlans): their model never trains unsharded.
+SHARDED_STRATEGIES = frozenset({"fsdp", "tensor", "pipeline", "hybrid"})

@@ -70,7 +70,7 @@ class MeshPlan(Plan):
         check_dims(self.dims, model, self.batch_size)
         mesh = self.mesh = build_mesh(self.dims, self.ctx.device)
         assert mesh.get_local_rank("dp") == self._dp_rank and mesh.get_local_rank("pp") == self.pp_rank
-        self.parts = parallelize(model.to(self.ctx.device), self.dims, mesh, self.ctx.spec.workload)
+        self.parts = parallelize(model, self.dims, mesh, self.ctx.spec.workload, self.ctx.device)
         self.module = self.parts.module
         self.checkpoint_group = dist.new_group(backend="gloo")
         return self.module
