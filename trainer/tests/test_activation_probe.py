@@ -16,9 +16,19 @@ from torch import nn
 
 from cohort.api.jobconfig import from_manifest
 from cohort.trainer.parallel.activation_checkpoint import applied_checkpointing, apply_activation_checkpointing
-from cohort.trainer.parallel.activation_probe import MODES, ProbeBatch, ProbeError, measure_activations
+from cohort.trainer.parallel.activation_probe import (
+    MODES,
+    ProbeBatch,
+    ProbeError,
+    _rest_kept,
+    _rest_on,
+    _storages,
+    measure_activations,
+    without_blocks,
+)
 from cohort.trainer.parallel.auto import plan_for
 from cohort.trainer.parallel.dims import ParallelismError
+from cohort.trainer.parallel.fsdp import shard_units
 from cohort.trainer.parallel.memory_budget import checkpointing_for, memory_profile
 from cohort.trainer.planner.dims import ParallelDims
 from cohort.trainer.planner.hardware import Hardware
@@ -131,12 +141,12 @@ class UsersModel(nn.Module):
         super().__init__()
         self.embed, self.head = nn.Linear(features, dim), nn.Linear(dim, classes)
         self.layers = nn.ModuleList(Residual(dim, as_tuple) for _ in range(n_layers))
+        self.as_tuple = as_tuple
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.embed(x)
         for layer in self.layers:
-            h = layer(h)
-            h = h[0] if isinstance(h, tuple) else h
+            h = layer(h)[0] if self.as_tuple else layer(h)  # as Hugging Face's models read their blocks
         return self.head(h)
 
 
@@ -202,3 +212,20 @@ def test_strategy_auto_plans_with_the_measured_activations():
     assert best.dims.ac == "none" and best.memory.total <= memory
     with pytest.raises(ParallelismError, match="auto found no plan for 1 ranks"):
         plan_for(spec, model, 1, Hardware(memory_bytes=memory))  # no samples: the fp32 count rejects it
+
+
+@pytest.mark.parametrize("make,probe,answers", [(transformer, PROBE, 0), (lambda: UsersModel(as_tuple=True),
+                                                                         USERS_PROBE, 1)])
+def test_the_rest_measures_the_same_on_a_copy_without_the_blocks(make, probe, answers):
+    """A sharded plan's model is on the host: the rest is measured on a copy of its own tensors on the device."""
+    model = make()
+    blocks = shard_units(model)
+    rest = without_blocks(model, blocks, answers)
+    in_blocks = sum(p.numel() for b in blocks for p in b.parameters())
+    assert sum(p.numel() for p in rest.parameters()) == sum(p.numel() for p in model.parameters()) - in_blocks
+    assert not _storages(list(rest.parameters())) & _storages(list(model.parameters()))
+    for precision in ("fp32", "bf16"):
+        with _rest_on(model, blocks, answers, CPU) as in_place:
+            assert in_place is model
+            expected = [_rest_kept(in_place, probe, n, CPU, precision) for n in (1, 2)]
+        assert [_rest_kept(rest, probe, n, CPU, precision) for n in (1, 2)] == expected

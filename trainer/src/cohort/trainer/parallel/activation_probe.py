@@ -13,7 +13,9 @@ cache, hold). The model's parameters and the block's input were not created unde
   the bytes per sample and the bytes that do not grow with the batch (autocast's weight copies). Each mode runs
   the block as ``apply_activation_checkpointing`` would (torch's non-reentrant checkpoint).
 - **The rest** (embeddings, the final layers, the output and the loss's own saved tensors): the whole model with
-  each block's forward passing its input through, on the device the model is on, at one sample and two.
+  each block's forward passing its input through, at one sample and two, on the device: in place when the model
+  is there (a replicated plan's), else a copy of the model without its blocks (a sharded plan's model is on the
+  host: only its embeddings and head go to the device).
 - Under FSDP with bf16 (``MixedPrecisionPolicy``) the block computes with bf16 parameters and casts its input to
   bf16: measured so (``param_dtype``).
 
@@ -25,6 +27,7 @@ starting with one cannot be chained: :class:`ProbeError`, and auto falls back.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -162,12 +165,17 @@ def _block_share(blocks: tuple[nn.Module, nn.Module], call: tuple[tuple[Any, ...
     return kept(2) - kept(1)
 
 
+def _pass_through(x: Any, *args: Any, answers: int = 0, **kwargs: Any) -> Any:
+    """A block's stand-in: its input, in a tuple of ``answers`` elements when the block answers one."""
+    return (x, *[None] * (answers - 1)) if answers else x
+
+
 @contextmanager
-def _blocks_pass_through(blocks: list[nn.Module]) -> Iterator[None]:
+def _blocks_pass_through(blocks: list[nn.Module], answers: int) -> Iterator[None]:
     """Each block's forward returns its input, for the time being."""
     own = [block.__dict__.get("forward") for block in blocks]
     for block in blocks:
-        block.forward = lambda x, *args, **kwargs: x
+        block.forward = functools.partial(_pass_through, answers=answers)
     try:
         yield
     finally:
@@ -178,12 +186,39 @@ def _blocks_pass_through(blocks: list[nn.Module]) -> Iterator[None]:
                 block.forward = forward
 
 
-def _rest_kept(model: nn.Module, blocks: list[nn.Module], batch: ProbeBatch, samples: int, precision: str) -> int:
-    device = next(model.parameters()).device
+class _PassThrough(nn.Module):
+    def __init__(self, answers: int):
+        super().__init__()
+        self.answers = answers
+
+    def forward(self, x: Any, *args: Any, **kwargs: Any) -> Any:
+        return _pass_through(x, answers=self.answers)
+
+
+def without_blocks(model: nn.Module, blocks: list[nn.Module], answers: int = 0) -> nn.Module:
+    """A copy of ``model`` whose blocks pass their input through: only its own tensors (embeddings, head) are
+    copied, for measuring the rest on a device the model is not on."""
+    memo: dict[int, Any] = {id(block): _PassThrough(answers) for block in blocks}
+    return copy.deepcopy(model, memo)
+
+
+@contextmanager
+def _rest_on(model: nn.Module, blocks: list[nn.Module], answers: int, device: torch.device) -> Iterator[nn.Module]:
+    """The model with its blocks passed through, on ``device``: itself if it is there, else a copy of the rest."""
+    if next(model.parameters()).device == device:
+        with _blocks_pass_through(blocks, answers):
+            yield model
+    else:
+        rest = without_blocks(model, blocks, answers).to(device)
+        yield rest
+        del rest
+
+
+def _rest_kept(rest: nn.Module, batch: ProbeBatch, samples: int, device: torch.device, precision: str) -> int:
     x, y = batch.inputs[:samples].to(device), batch.targets[:samples].to(device)
-    before = _storages(x, y, list(model.parameters()), list(model.buffers()))
-    with _blocks_pass_through(blocks), _Created(device.type, before) as created, autocast(device, precision):
-        out = model(x)
+    before = _storages(x, y, list(rest.parameters()), list(rest.buffers()))
+    with _Created(device.type, before) as created, autocast(device, precision):
+        out = rest(x)
         loss = batch.loss_fn(out, y)
     n = created.alive()
     del out, loss
@@ -206,7 +241,19 @@ def measure_activations(model: nn.Module, batch: ProbeBatch, device: torch.devic
     pair = tuple(copy.deepcopy(blocks[0]).to(device=device, dtype=param_dtype) for _ in range(2))
     share = {mode: _per_sample(*(_block_share(pair, call, mode, device, precision, param_dtype)  # type: ignore[arg-type]
                                  for call in calls)) for mode in MODES}
-    rest = _per_sample(*(_rest_kept(model, blocks, batch, n, precision) for n in (1, 2)))
+    answers = _answers(pair[0], calls[0], device, precision, param_dtype)
     del pair
+    with _rest_on(model, blocks, answers, device) as rest_model:
+        rest = _per_sample(*(_rest_kept(rest_model, batch, n, device, precision) for n in (1, 2)))
     return Activations(block=share, rest=rest)
+
+
+def _answers(block: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]], device: torch.device, precision: str,
+             param_dtype: torch.dtype) -> int:
+    """How many elements the block's answer has when it is a tuple (0: a tensor)."""
+    args, kwargs = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, call)
+    x = args[0].to(param_dtype) if args[0].is_floating_point() else args[0]
+    with torch.no_grad(), autocast(device, precision):
+        out = block(x, *args[1:], **kwargs)
+    return len(out) if isinstance(out, (tuple, list)) else 0
 
