@@ -6,11 +6,13 @@ job's batch; the probe measures one block in a chain of two at one and two sampl
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import torch
-from gloo_ranks import data_plan
+from gloo_ranks import data_plan, run_ranks
 from test_activation_checkpoint import Kept
 from torch import nn
 
@@ -27,14 +29,17 @@ from cohort.trainer.parallel.activation_probe import (
     without_blocks,
 )
 from cohort.trainer.parallel.auto import plan_for
+from cohort.trainer.parallel.base import PlanContext
 from cohort.trainer.parallel.dims import ParallelismError
 from cohort.trainer.parallel.fsdp import shard_units
 from cohort.trainer.parallel.memory_budget import checkpointing_for, memory_profile
+from cohort.trainer.parallel.registry import PARALLELISMS
 from cohort.trainer.planner.dims import ParallelDims
 from cohort.trainer.planner.hardware import Hardware
 from cohort.trainer.planner.memory import block_kept_bytes, kept_after_forward, memory_per_device
 from cohort.trainer.planner.profile import transformer_profile, with_measured_activations
 from cohort.trainer.runtime.device import autocast
+from cohort.trainer.sync.base import CommStats
 from cohort.trainer.workloads.models import DataInfo, Transformer
 from cohort.trainer.workloads.workload import cross_entropy
 
@@ -229,3 +234,29 @@ def test_the_rest_measures_the_same_on_a_copy_without_the_blocks(make, probe, an
             assert in_place is model
             expected = [_rest_kept(in_place, probe, n, CPU, precision) for n in (1, 2)]
         assert [_rest_kept(rest, probe, n, CPU, precision) for n in (1, 2)] == expected
+
+
+def _tensor_plan_with_own_memory(rank: int, world: int, memory: list[float]) -> str:
+    os.environ["COHORT_DEVICE_MEMORY"] = str(int(memory[rank]))
+    spec = from_manifest({"apiVersion": "cohort.dev/v1alpha1", "kind": "TrainingJob", "metadata": {"name": "ac"},
+                          "spec": {"workload": {"model": "transformer", "dataset": "synthetic-lm", "batchSize": 8,
+                                                "modelArgs": {"dim": 64, "n_layers": 3, "n_heads": 4},
+                                                "datasetArgs": {"vocab": 64, "seq_len": 32},
+                                                "optimizer": {"name": "adamw", "lr": 0.01},
+                                                "activationCheckpointing": "auto"},
+                                   "replicas": {"min": 2, "max": 2, "target": 2},
+                                   "parallelism": {"strategy": "tensor", "tensor": 2}}}).spec
+    ctx = PlanContext(spec, rank, world, CommStats(), model=transformer(), probe=PROBE)
+    return PARALLELISMS["tensor"](ctx).dims.ac
+
+
+@pytest.mark.dist
+def test_ranks_with_different_memory_run_the_most_recomputation_any_chose():
+    """Rank 0 fits without checkpointing, rank 1 only with full: both run full (under tp, full runs the forward's
+    all-reduces again in backward; ranks that differed would hang)."""
+    spec, model = lm_spec(activationCheckpointing="auto"), transformer()
+    tp = ParallelDims(dp=1, tp=2, ac="none")
+    profile, _why = memory_profile(spec, model, tp, CPU, PROBE)
+    assert profile is not None
+    needs = {ac: memory_per_device(profile, replace(tp, ac=ac), 8, "adamw").total for ac in MODES}
+    assert run_ranks(_tensor_plan_with_own_memory, 2, [needs["none"], needs["selective"] - 1]) == ["full", "full"]

@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from cohort.api.models import TrainingJobSpec
@@ -31,7 +32,7 @@ from ..planner.dims import ParallelDims
 from ..planner.hardware import Hardware, parse_bytes
 from ..planner.memory import memory_per_device
 from ..planner.profile import ModelProfile, with_measured_activations
-from ..planner.search import fitting_checkpointing
+from ..planner.search import CHECKPOINTING_ORDER, fitting_checkpointing
 from .activation_probe import MODES, Activations, ProbeBatch, ProbeError, measure_activations
 from .fsdp import shard_units
 
@@ -72,6 +73,19 @@ def checkpointing_for(spec: TrainingJobSpec, model: nn.Module | None, dims: Para
         "mode": fitted.ac, "plan": dims.describe(), "predicted_bytes": round(need), "device_bytes": round(memory),
         "activations": why or "measured"})
     return fitted
+
+
+def agree_on_checkpointing(dims: ParallelDims) -> ParallelDims:
+    """``dims`` with the most recomputation any rank of the group chose (a collective, on host tensors).
+
+    Ranks choose by their own device's memory, which may differ (other GPUs, MIG slices, a pod's own
+    ``COHORT_DEVICE_MEMORY``); under tensor parallelism full checkpointing runs the forward's all-reduces again
+    in backward, so ranks that differed would issue different collectives and hang."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return dims
+    choice = torch.tensor([CHECKPOINTING_ORDER.index(dims.ac)])
+    dist.all_reduce(choice, op=dist.ReduceOp.MAX)
+    return replace(dims, ac=CHECKPOINTING_ORDER[int(choice)])
 
 
 def memory_profile(spec: TrainingJobSpec, model: nn.Module | None, dims: ParallelDims, device: torch.device,

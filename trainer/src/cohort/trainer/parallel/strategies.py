@@ -12,14 +12,16 @@ from typing import Any
 from ..planner.dims import ParallelDims
 from .base import PlanContext
 from .dims import dims_for_world
-from .memory_budget import checkpointing_for
+from .memory_budget import agree_on_checkpointing, checkpointing_for
 from .sharded import MeshPlan
 
 
 def _dims(ctx: PlanContext, **fixed: Any) -> ParallelDims:
-    """This world's dims from the spec, with its activation checkpointing (auto fitted to the device)."""
-    return checkpointing_for(ctx.spec, ctx.model, dims_for_world(ctx.spec, ctx.world_size, **fixed), ctx.device,
+    """This world's dims from the spec, with its activation checkpointing (auto fitted to the device, the same on
+    every rank)."""
+    dims = checkpointing_for(ctx.spec, ctx.model, dims_for_world(ctx.spec, ctx.world_size, **fixed), ctx.device,
                              ctx.probe)
+    return agree_on_checkpointing(dims) if ctx.spec.workload.activation_checkpointing == "auto" else dims
 
 
 class FSDPPlan(MeshPlan):
