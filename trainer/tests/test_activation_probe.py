@@ -200,6 +200,21 @@ def test_blocks_that_cannot_be_chained_are_named_and_auto_falls_back(monkeypatch
     assert checkpointing_for(mlp_spec(activationCheckpointing="auto"), model, REPLICAS, CPU, USERS_PROBE).ac == "none"
 
 
+class FixedBatch(Residual):
+    def forward(self, x: torch.Tensor) -> Any:
+        if x.shape[0] != 8:
+            raise RuntimeError("this block runs batches of 8 only")
+        return super().forward(x)
+
+
+def test_a_model_the_probe_cannot_run_is_planned_without_the_measurement(monkeypatch):
+    torch.manual_seed(0)
+    model = UsersModel()
+    model.layers[0] = FixedBatch(64)
+    monkeypatch.setenv("COHORT_DEVICE_MEMORY", "1")
+    assert checkpointing_for(mlp_spec(activationCheckpointing="auto"), model, REPLICAS, CPU, USERS_PROBE).ac == "none"
+
+
 def test_measuring_leaves_the_model_as_it_was():
     model = transformer()
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -105,9 +105,10 @@ def memory_profile(spec: TrainingJobSpec, model: nn.Module | None, dims: Paralle
     try:
         acts = _measured(model, probe, device, spec.workload.precision,
                          torch.bfloat16 if sharded_bf16 else torch.float32)
-    except ProbeError as e:
-        log.warning("activations not measured", extra={"error": str(e)})
-        return fallback[0], f"{fallback[1]}: {e}"
+    except Exception as e:  # a model the probe cannot run still trains, planned without the measurement
+        error = str(e) if isinstance(e, ProbeError) else f"{type(e).__name__}: {e}"
+        log.warning("activations not measured", extra={"error": error[:500]})
+        return fallback[0], f"{fallback[1]}: {error[:200]}"
     return with_measured_activations(counted or block_profile(model, blocks),
                                      {m: acts.block[m].per_sample for m in MODES},
                                      {m: acts.block[m].fixed for m in MODES}, (acts.rest.per_sample, acts.rest.fixed)), ""
