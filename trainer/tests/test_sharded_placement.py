@@ -101,3 +101,47 @@ def test_the_trainer_never_holds_two_unsharded_models_on_the_device():
         print(f"model {r['model']} B; the device's peak over the run {r['peak']} B ({r['plan']})")
         assert r["step"] == 2 and r["plan"] == "dp=2 tp=1 pp=1 fsdp"
         assert r["peak"] < 2 * r["model"]
+
+
+DIGITS = {"model": "mlp", "dataset": "digits", "modelArgs": {"hidden": 32}, "datasetArgs": {}}
+
+
+def _auto(rank: int, world: int, port: int, root: str, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each run's Trainer on the simulated device: where its model was when it started, and its plan."""
+    from simulated_device import on_device, simulated_device
+
+    from cohort.trainer.trainer import Trainer
+
+    out = []
+    for i, run in enumerate(runs):
+        m = copy.deepcopy(MANIFEST)
+        m["spec"]["workload"].update(epochs=0, maxSteps=2, batchSize=2, evalEveryEpochs=0,
+                                     optimizer={"name": "sgd", "lr": 0.1, "momentum": 0.0}, **run.get("workload", {}))
+        m["spec"].update(checkpoint={"everySteps": 0, "path": f"{root}/{i}"}, parallelism={"strategy": run["strategy"]},
+                         sync={"algorithm": run.get("sync", "allreduce")})
+        os.environ.update(COHORT_PG_BACKEND="cpu:gloo,sim:gloo", COHORT_DEVICE_MEMORY=run.get("memory", ""),
+                          RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port + i))
+        env = {**os.environ, "COHORT_DEVICE": "sim", "COHORT_METRICS_PORT": "0", "COHORT_POD_NAME": f"rank-{rank}",
+               "COHORT_TERMINATION_LOG": f"{root}/{i}-{rank}.summary"}
+        with simulated_device():
+            trainer = Trainer(from_manifest(m), env)
+            at_start = any(on_device(p) for p in trainer.model.parameters())
+            summary = trainer.run()
+        out.append({"on_device_at_start": at_start, "step": summary["step"], "plan": summary["plan"],
+                    "placed": all(on_device(p) for p in trainer.model.parameters())})
+    return out
+
+
+def test_strategy_auto_keeps_the_model_on_the_host_until_a_world_replicates_it():
+    """auto may shard: its model waits on the host, and goes to the device when the world's plan replicates it;
+    data places it at start, as before."""
+    model = nbytes(build_workload(from_manifest(MANIFEST).spec).model)
+    runs = [{"strategy": "auto", "memory": str(2 * model)},  # DDP's replicas and gradients do not fit: sharded
+            {"strategy": "auto", "workload": DIGITS},  # the planner replicates a small MLP
+            {"strategy": "data"}]
+    with tempfile.TemporaryDirectory(prefix="cohort-auto-") as root:
+        ranks = run_ranks(_auto, 2, free_port(), root, runs, group=False, timeout_s=300)
+    for r in ranks:
+        assert [(x["on_device_at_start"], x["step"], x["placed"]) for x in r] == \
+            [(False, 2, True), (False, 2, True), (True, 2, True)], r
+        assert not r[0]["plan"].startswith("auto: data") and r[1]["plan"].startswith("auto: data dp=2"), r

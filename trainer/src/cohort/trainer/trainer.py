@@ -38,6 +38,7 @@ from .metrics import WorkerMetrics
 from .optim import build_optimizer, lr_at
 from .parallel.activation_checkpoint import applied_checkpointing, check_activation_checkpointing
 from .parallel.activation_probe import ProbeBatch
+from .parallel.auto import may_shard
 from .parallel.base import Plan, PlanContext
 from .parallel.registry import PARALLELISMS, SHARDED_STRATEGIES
 from .paths import map_path
@@ -121,12 +122,14 @@ class Trainer:
                                                                   self.spec.parallelism.strategy) else None
         # Sharded plans restart each world from an unsharded model, kept untouched on the host: each world's plan
         # shards a copy of it onto the device unit by unit (parallelize.py), so the device never holds the whole
-        # model. An explicit sharded strategy never trains the model built here: it is that copy itself.
-        sharded_only = self.spec.parallelism.strategy in SHARDED_STRATEGIES
-        self.pristine = None if self.spec.parallelism.strategy == "data" else \
-            self.model if sharded_only else copy.deepcopy(self.model)
+        # model. An explicit sharded strategy never trains the model built here: it is that copy itself. Strategy
+        # auto's model waits on the host too while a world may shard it (_place_replicas moves it if not).
+        strategy = self.spec.parallelism.strategy
+        sharded_only = strategy in SHARDED_STRATEGIES
+        self.pristine = None if strategy == "data" else self.model if sharded_only else copy.deepcopy(self.model)
         self.sharded_model = False  # the model holds one world's shards (set by _enter_sharded)
-        if not sharded_only:
+        self.on_device = not sharded_only and not (strategy == "auto" and may_shard(self.spec))
+        if self.on_device:
             self.model.to(self.device)  # placed before the optimizer exists, so its state lands there too
         self.optimizer = build_optimizer(self.model.parameters(), self.spec.workload.optimizer)
         data = self.workload.data
@@ -257,6 +260,7 @@ class Trainer:
                         carried=self.state.sync, check_gate=self.gate.check, probe=self.probe))
         self.sampler.batch_size = self.plan.batch_size
         if self.plan.replicated and not self.sharded_model:
+            self._place_replicas()
             self._agree_on_state()
             self.plan.apply(self.model)
         else:
@@ -271,6 +275,16 @@ class Trainer:
         self.first_step_pending = True
         log.info("joined world", extra={"size": world.size, "step": self.state.step, "plan": self.plan.describe(),
                                         "source": self.recovery_source, "t": time.time()})
+
+    def _place_replicas(self) -> None:
+        """A replicated plan's first world for a model kept on the host (strategy auto): the model goes to the
+        device, and the optimizer is built again over its parameters there (no step was taken yet)."""
+        if self.on_device:
+            return
+        self.model.to(self.device)
+        self.optimizer = build_optimizer(self.model.parameters(), self.spec.workload.optimizer)
+        self.state.rebind(self.model, self.optimizer)
+        self.on_device = True
 
     def _agree_on_state(self) -> None:
         """Continue from the highest step any member holds; else the newest checkpoint; else step 0."""
@@ -311,6 +325,7 @@ class Trainer:
         """
         assert self.plan is not None and self.pristine is not None
         self.model = copy.deepcopy(self.pristine)  # on the host: the plan places it, shard by shard
+        self.on_device = True  # once placed below
         if self.plan.replicated:  # auto moved from a sharded plan to replicas: load into plain tensors
             self.model.to(self.device)
             self.optimizer = build_optimizer(self.model.parameters(), self.spec.workload.optimizer)

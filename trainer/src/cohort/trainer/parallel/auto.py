@@ -53,12 +53,17 @@ def _sample(model: nn.Module) -> torch.Tensor | None:
     return None
 
 
+def may_shard(spec: TrainingJobSpec) -> bool:
+    """Whether strategy auto may choose a sharded plan: gossip, local SGD and compression act on whole replicas,
+    so only data parallelism runs them."""
+    return spec.sync.algorithm == "allreduce" and spec.compression.method == "none"
+
+
 def choose_dims(spec: TrainingJobSpec, model: nn.Module | None, world_size: int,
                 device: torch.device | None = None, probe: ProbeBatch | None = None) -> ParallelDims:
     """The planner's first choice (a single-process decision; see AutoPlan for the collective one)."""
     replicas = ParallelDims(dp=world_size, dp_mode="ddp")
-    if model is None or spec.sync.algorithm != "allreduce" or spec.compression.method != "none":
-        # Gossip, local SGD and compression act on whole replicas: only data parallelism runs them.
+    if model is None or not may_shard(spec):
         return checkpointing_for(spec, model, replicas, device, probe)
     from ..planner import format_table, load_hardware
     from ..workloads.models import Transformer
