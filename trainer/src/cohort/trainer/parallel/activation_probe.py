@@ -38,11 +38,12 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
+from ..planner.dims import CHECKPOINTING_ORDER
 from ..runtime.device import autocast
 from .activation_checkpoint import _checkpointed
 from .fsdp import shard_units
 
-MODES = ("none", "selective", "full")
+MODES = CHECKPOINTING_ORDER  # what is measured: every activation checkpointing mode
 
 
 class ProbeError(RuntimeError):

@@ -28,11 +28,11 @@ from torch import nn
 from cohort.api.models import TrainingJobSpec
 
 from ..log import get_logger
-from ..planner.dims import ParallelDims
+from ..planner.dims import CHECKPOINTING_ORDER, ParallelDims
 from ..planner.hardware import Hardware, parse_bytes
 from ..planner.memory import memory_per_device
 from ..planner.profile import ModelProfile, with_measured_activations
-from ..planner.search import CHECKPOINTING_ORDER, fitting_checkpointing
+from ..planner.search import fitting_checkpointing
 from .activation_probe import MODES, Activations, ProbeBatch, ProbeError, measure_activations
 from .fsdp import shard_units
 

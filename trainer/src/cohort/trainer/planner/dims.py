@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+CHECKPOINTING_ORDER = ("none", "selective", "full")  # activation checkpointing modes, least recomputation first
+
 
 @dataclass(frozen=True)
 class ParallelDims:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .dims import ParallelDims, stage_layers
+from .dims import CHECKPOINTING_ORDER, ParallelDims, stage_layers
 from .profile import BYTES, ModelProfile
 
 # Optimizer state in parameter-sized tensors: SGD's momentum buffer; AdamW's two moments.
@@ -70,7 +70,7 @@ def block_kept_bytes(profile: ModelProfile, tp: int, ac: str = "none") -> float:
 
 def block_fixed_bytes(profile: ModelProfile, tp: int, ac: str = "none") -> float:
     """Bytes one block keeps whatever the batch under ``ac`` (its weights' low-precision copies), on one tp rank."""
-    fixed = profile.block_fixed[("none", "selective", "full").index(ac)]
+    fixed = profile.block_fixed[CHECKPOINTING_ORDER.index(ac)]
     split = profile.block_params_tp / profile.block_params if profile.block_params else 0.0
     return fixed * (1 - split + split / tp)
 

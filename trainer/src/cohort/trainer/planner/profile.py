@@ -48,7 +48,7 @@ class ModelProfile:
     tp_allreduces_fwd: int = 2   # per block: after wo and w2 (row-wise)
     tp_allreduces_bwd: int = 4   # per block: input grads of wq, wk, wv and w1 (column-wise)
     block_kept_full: float = 0.0  # kept per sample under full activation checkpointing (the block's input)
-    block_fixed: tuple[float, float, float] = (0.0, 0.0, 0.0)  # one block, whatever the batch: none, selective, full
+    block_fixed: tuple[float, float, float] = (0.0, 0.0, 0.0)  # one block, whatever the batch, per CHECKPOINTING_ORDER
     last_fixed: float = 0.0       # the rest (embeddings, output, loss), whatever the batch
 
     @property

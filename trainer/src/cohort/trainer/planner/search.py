@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .dims import ParallelDims
+from .dims import CHECKPOINTING_ORDER, ParallelDims
 from .hardware import Hardware
 from .memory import Memory, memory_per_device
 from .profile import ModelProfile
@@ -75,9 +75,6 @@ def rank_plans(n: int, profile: ModelProfile, hw: Hardware, global_batch: int, o
             reason = f"needs {_gib(mem.total)} per device, over the {_gib(hw.memory_bytes)} available"
         out.append(Candidate(dims, t, mem, reason))
     return sorted(out, key=lambda c: (bool(c.rejected), c.time.total, c.memory.total))
-
-
-CHECKPOINTING_ORDER = ("none", "selective", "full")  # least recomputation first
 
 
 def fitting_checkpointing(profile: ModelProfile, dims: ParallelDims, global_batch: int, hw: Hardware,
