@@ -138,14 +138,20 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout_s: float =
 _TRAINERS: list[Any] = []
 
 
-def run_trainer(rank: int, world: int, port: int, cfg: Any, env: dict[str, str]) -> tuple[Any, dict[str, Any]]:
+def new_trainer(rank: int, world: int, port: int, cfg: Any, env: dict[str, str]) -> Any:
     """One job's real Trainer on this rank, in a static world of ``world`` ranks on ``port`` (torchrun's
-    variables), with ``env`` over the process's; the Trainer (kept alive, above) and its summary."""
+    variables), with ``env`` over the process's; kept alive (above) until the rank process ends."""
     from cohort.trainer.trainer import Trainer
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     trainer = Trainer(cfg, {**os.environ, **env})
     _TRAINERS.append(trainer)
+    return trainer
+
+
+def run_trainer(rank: int, world: int, port: int, cfg: Any, env: dict[str, str]) -> tuple[Any, dict[str, Any]]:
+    """:func:`new_trainer`, run: the Trainer and its summary."""
+    trainer = new_trainer(rank, world, port, cfg, env)
     return trainer, trainer.run()
 
 

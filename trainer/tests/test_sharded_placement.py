@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from gloo_ranks import run_ranks, run_trainer
+from gloo_ranks import new_trainer, run_ranks, run_trainer
 
 from cohort.api.jobconfig import from_manifest
 from cohort.trainer.parallel.fsdp import shard_units
 from cohort.trainer.parallel.mesh import build_mesh
 from cohort.trainer.parallel.parallelize import parallelize
 from cohort.trainer.planner.dims import ParallelDims
-from cohort.trainer.runtime.ports import free_port
+from cohort.trainer.runtime.ports import free_port, free_ports
 from cohort.trainer.workloads.workload import build_workload
 
 pytestmark = [pytest.mark.dist]
@@ -106,25 +106,23 @@ def test_the_trainer_never_holds_two_unsharded_models_on_the_device():
 DIGITS = {"model": "mlp", "dataset": "digits", "modelArgs": {"hidden": 32}, "datasetArgs": {}}
 
 
-def _auto(rank: int, world: int, port: int, root: str, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _auto(rank: int, world: int, ports: list[int], root: str, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each run's Trainer on the simulated device: where its model was when it started, and its plan."""
     from simulated_device import on_device, simulated_device
 
-    from cohort.trainer.trainer import Trainer
-
     out = []
-    for i, run in enumerate(runs):
+    for run, port in zip(runs, ports, strict=True):
+        i = len(out)
         m = copy.deepcopy(MANIFEST)
         m["spec"]["workload"].update(epochs=0, maxSteps=2, batchSize=2, evalEveryEpochs=0,
                                      optimizer={"name": "sgd", "lr": 0.1, "momentum": 0.0}, **run.get("workload", {}))
         m["spec"].update(checkpoint={"everySteps": 0, "path": f"{root}/{i}"}, parallelism={"strategy": run["strategy"]},
                          sync={"algorithm": run.get("sync", "allreduce")})
-        os.environ.update(COHORT_PG_BACKEND="cpu:gloo,sim:gloo", COHORT_DEVICE_MEMORY=run.get("memory", ""),
-                          RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port + i))
+        os.environ.update(COHORT_PG_BACKEND="cpu:gloo,sim:gloo", COHORT_DEVICE_MEMORY=run.get("memory", ""))
         env = {**os.environ, "COHORT_DEVICE": "sim", "COHORT_METRICS_PORT": "0", "COHORT_POD_NAME": f"rank-{rank}",
                "COHORT_TERMINATION_LOG": f"{root}/{i}-{rank}.summary"}
         with simulated_device():
-            trainer = Trainer(from_manifest(m), env)
+            trainer = new_trainer(rank, world, port, from_manifest(m), env)
             at_start = any(on_device(p) for p in trainer.model.parameters())
             summary = trainer.run()
         out.append({"on_device_at_start": at_start, "step": summary["step"], "plan": summary["plan"],
@@ -140,7 +138,7 @@ def test_strategy_auto_keeps_the_model_on_the_host_until_a_world_replicates_it()
             {"strategy": "auto", "workload": DIGITS},  # the planner replicates a small MLP
             {"strategy": "data"}]
     with tempfile.TemporaryDirectory(prefix="cohort-auto-") as root:
-        ranks = run_ranks(_auto, 2, free_port(), root, runs, group=False, timeout_s=300)
+        ranks = run_ranks(_auto, 2, free_ports(len(runs)), root, runs, group=False, timeout_s=300)
     for r in ranks:
         assert [(x["on_device_at_start"], x["step"], x["placed"]) for x in r] == \
             [(False, 2, True), (False, 2, True), (True, 2, True)], r
