@@ -151,7 +151,7 @@ def _bytes_worker(rank: int, world: int, port: int, pairs: list[tuple[str, str]]
     import torch.nn.functional as F
 
     from cohort.api.jobconfig import from_manifest
-    from cohort.trainer.runtime.process_group import exit_process
+    from cohort.trainer.runtime.exit import exit_process
     from cohort.trainer.sync.base import CommStats, SyncContext
     from cohort.trainer.sync.registry import SYNCS
     from cohort.trainer.workloads.models import MLP, DataInfo

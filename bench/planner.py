@@ -58,7 +58,7 @@ def _step_worker(rank: int, world: int, port: int, args: argparse.Namespace, pla
     from cohort.trainer.parallel.base import PlanContext
     from cohort.trainer.parallel.data import DataParallel
     from cohort.trainer.parallel.sharded import MeshPlan
-    from cohort.trainer.runtime.process_group import exit_process
+    from cohort.trainer.runtime.exit import exit_process
     from cohort.trainer.sync.base import CommStats
     from cohort.trainer.workloads.workload import build_workload
 

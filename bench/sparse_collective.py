@@ -63,7 +63,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str)
     from cohort.trainer.compression.sparse_allreduce import sparse_allreduce
     from cohort.trainer.compression.sparsify import TopK, TopKConfig
     from cohort.trainer.optim import build_optimizer
-    from cohort.trainer.runtime.process_group import exit_process
+    from cohort.trainer.runtime.exit import exit_process
     from cohort.trainer.sync.base import allgather_bytes, ring_allreduce_bytes
     from cohort.trainer.workloads.workload import build_workload
 

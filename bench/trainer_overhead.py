@@ -40,7 +40,7 @@ def bare_worker(rank: int, world: int, port: int, args: argparse.Namespace, out:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from cohort.trainer.runtime.process_group import exit_process
+    from cohort.trainer.runtime.exit import exit_process
     from cohort.trainer.workloads.datasets import synthetic_classification
     from cohort.trainer.workloads.models import MLP
 

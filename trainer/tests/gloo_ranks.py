@@ -35,8 +35,8 @@ from cohort.trainer.optim import build_optimizer
 from cohort.trainer.parallel.activation_probe import ProbeBatch
 from cohort.trainer.parallel.base import PlanContext
 from cohort.trainer.parallel.registry import PARALLELISMS
+from cohort.trainer.runtime.exit import exit_process
 from cohort.trainer.runtime.ports import free_port, free_ports
-from cohort.trainer.runtime.process_group import exit_process
 from cohort.trainer.step import MicroBatching, StepRunner
 from cohort.trainer.sync.base import CommStats
 from cohort.trainer.workloads.workload import build_workload

@@ -329,7 +329,7 @@ def _count_worker(rank: int, port: int, out) -> None:
 
     from cohort.trainer.parallel.mesh import build_mesh
     from cohort.trainer.parallel.tensor import apply_tp
-    from cohort.trainer.runtime.process_group import exit_process
+    from cohort.trainer.runtime.exit import exit_process
     from cohort.trainer.workloads.workload import cross_entropy
 
     torch.set_num_threads(1)

@@ -158,7 +158,8 @@ except Exception as e:
     out = {"outcome": type(e).__name__, "error": str(e)[:300]}
 out["seconds"] = time.monotonic() - t0
 print(json.dumps(out), flush=True)
-pg.exit_process(0)
+from cohort.trainer.runtime.exit import exit_process
+exit_process(0)
 """
 
 
@@ -214,3 +215,70 @@ def test_gloo_options_bind_the_given_address():
     """The private torch API that binds gloo to the pod IP (local workers share one network namespace)."""
     opts = gloo_options_bound_to("127.0.0.1")
     assert len(opts._devices) == 1
+
+
+_STUCK = """
+import sys, time
+from cohort.trainer.runtime.exit import exit_if_stuck
+with exit_if_stuck(1.0, "the test's call"):
+    time.sleep(float(sys.argv[1]))
+print("after the block", flush=True)
+"""
+
+
+def test_a_block_still_running_past_its_bound_ends_the_process_with_its_reason(tmp_path):
+    """``exit_if_stuck``: a block that outlasts its bound ends the process (exit 1, the reason as its termination
+    message); one that ends in time leaves the process alone."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "COHORT_TERMINATION_LOG": str(tmp_path / "term")}
+    t0 = time.monotonic()
+    stuck = subprocess.run([sys.executable, "-c", _STUCK, "60"], env=env, capture_output=True, text=True, timeout=30)
+    assert stuck.returncode == 1 and "after the block" not in stuck.stdout, stuck
+    assert time.monotonic() - t0 < 15
+    assert json.loads((tmp_path / "term").read_text()) == {
+        "error": "the test's call did not finish within 1s: this worker leaves, to be replaced"}
+    (tmp_path / "term").unlink()
+    quick = subprocess.run([sys.executable, "-c", _STUCK, "0.1"], env=env, capture_output=True, text=True, timeout=30)
+    assert quick.returncode == 0 and "after the block" in quick.stdout, quick
+    assert not (tmp_path / "term").exists()
+
+
+# A one-member world's rank 0 joins through Rendezvous.join; after the barrier's "go", init_process_group never
+# returns, as NCCL's eager communicator init does when a member died between the barrier and NCCL's bootstrap
+# (its wait looks at no store and no newer world, and no abort reaches a communicator still forming).
+_FORMING_HANGS = """
+import sys, time
+from cohort.trainer.runtime import process_group as pg
+from cohort.trainer.runtime.world import Member, World
+pg.dist.init_process_group = lambda *a, **k: time.sleep(600)
+w = World(5, (Member(0, "p0", "127.0.0.1"),), "127.0.0.1", int(sys.argv[1]))
+pg.Rendezvous("127.0.0.1", int(sys.argv[1]), timeout_s=1.0).join(w, 0, lambda: False)
+print("joined", flush=True)
+"""
+
+
+def test_a_member_stuck_forming_the_group_exits_within_its_bound_and_says_why(tmp_path):
+    """A member whose group never forms after the barrier leaves within ``form_bound_s`` (2 x 1 s + 2 s here)
+    with exit 1 and the reason as its termination message, so that its authority replaces it; before, the
+    process stayed in init_process_group for good (the test's 60 s limit)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from cohort.trainer.runtime.ports import free_port
+
+    env = {**os.environ, "COHORT_TERMINATION_LOG": str(tmp_path / "term")}
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", _FORMING_HANGS, str(free_port())], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 1 and "joined" not in p.stdout, p
+    assert 4 <= time.monotonic() - t0 < 20, time.monotonic() - t0
+    error = json.loads((tmp_path / "term").read_text())["error"]
+    assert error.startswith("forming world 5's process group (") and "did not finish within 4s" in error, error

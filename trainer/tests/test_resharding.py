@@ -18,8 +18,8 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
 from cohort.trainer.planner.dims import ParallelDims
+from cohort.trainer.runtime.exit import exit_process
 from cohort.trainer.runtime.ports import free_port
-from cohort.trainer.runtime.process_group import exit_process
 
 pytestmark = [pytest.mark.dist]
 

@@ -30,8 +30,8 @@ import torch.multiprocessing as mp
 
 from .planner.collectives import fit, fit_all
 from .planner.hardware import DEFAULT_CALIBRATION, Hardware, save_hardware
+from .runtime.exit import exit_process
 from .runtime.ports import free_port
-from .runtime.process_group import exit_process
 
 SIZES = tuple(4 ** k * 1024 for k in range(0, 7))  # 1 KiB .. 4 MiB, then 16 MiB below
 MATMUL = (256, 256, 1024)                           # tokens x dim @ dim x ffn: a block's biggest matmul

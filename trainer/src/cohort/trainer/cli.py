@@ -29,7 +29,7 @@ def _fail(error: str | Exception) -> int:
 
 def _fail_worker(message: str) -> int:
     """_fail, and the message as the termination message (docs/contracts.md §5): the job's status says it."""
-    from .trainer import write_termination_message
+    from .runtime.exit import write_termination_message
 
     write_termination_message({"error": message})
     return _fail(message)
@@ -72,7 +72,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         rc = 143
     # The checkpoint is committed and the summary written: exit without interpreter
     # finalisation (exit_process says why).
-    from .runtime.process_group import exit_process
+    from .runtime.exit import exit_process
 
     exit_process(rc)
 

@@ -49,6 +49,7 @@ from .runtime.device import (
     peak_memory_bytes,
     select_device,
 )
+from .runtime.exit import write_termination_message
 from .runtime.interrupt import StepWatch
 from .runtime.process_group import (
     Absent,
@@ -697,13 +698,3 @@ class Trainer:
         if dist.is_initialized():
             dist.destroy_process_group()
         return summary
-
-
-def write_termination_message(summary: dict[str, Any]) -> None:
-    """The JSON the operator reads from a finished worker (docs/contracts.md §5)."""
-    path = map_path(os.environ.get("COHORT_TERMINATION_LOG", "/dev/termination-log"))
-    try:
-        with open(path, "w") as f:
-            f.write(json.dumps(summary))
-    except OSError:
-        pass  # not in a pod (or not writable): the summary is in the logs too

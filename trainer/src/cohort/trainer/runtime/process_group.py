@@ -11,20 +11,19 @@ the timeout, and a rank 0 whose store stops answering is named absent.
 from __future__ import annotations
 
 import datetime
-import logging
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from ..log import get_logger
 from .device import backend_for
+from .exit import exit_if_stuck
 from .world import World
 
 log = get_logger(__name__)
@@ -208,8 +207,21 @@ class Rendezvous:
             if self.bind_ip:
                 kwargs["pg_options"] = gloo_options_bound_to(self.my_ip)
         self._group_store = pg_store  # torch holds the group's store; a Python store's object must live as long
-        dist.init_process_group(backend_for(self.device), store=pg_store, rank=rank, world_size=world.size,
-                                timeout=datetime.timedelta(seconds=self.timeout_s), **kwargs)
+        with exit_if_stuck(self.form_bound_s, f"forming world {world.version}'s process group "
+                                              f"({backend_for(self.device)})"):
+            dist.init_process_group(backend_for(self.device), store=pg_store, rank=rank, world_size=world.size,
+                                    timeout=datetime.timedelta(seconds=self.timeout_s), **kwargs)
+
+    @property
+    def form_bound_s(self) -> float:
+        """How long ``init_process_group`` may take after the arrival barrier, everyone having arrived, before
+        this process gives up and exits (:func:`exit_if_stuck`): the group's timeout for the address exchange
+        and as much again for the connections (gloo's pairs; NCCL's bootstrap and transports), plus a store
+        answer. Gloo's own waits end within it (``_Bounded``); NCCL's communicator init, formed eagerly for
+        ``device_id``, has no bound of its own: a member that dies between the barrier and NCCL's bootstrap
+        leaves the others in it for good, and torch's non-blocking mode, which would bound it, is not used
+        (docs/gpu.md#when-a-gpu-worker-is-lost says why)."""
+        return 2 * self.timeout_s + _ANSWER_S
 
     def _barrier(self, store: dist.Store, world: World, rank: int, is_newer: Callable[[], bool]) -> None:
         """Interruptible arrival barrier, so init_process_group never waits on a missing peer.
@@ -326,27 +338,3 @@ def _nccl_backend(group: dist.ProcessGroup) -> Any:
 
 def pod_ip() -> str:
     return os.environ.get("COHORT_POD_IP") or "127.0.0.1"
-
-
-def exit_process(rc: int = 0) -> NoReturn:
-    """End a process that used torch.distributed: flush logs and streams, then ``os._exit``.
-
-    A normal exit (interpreter finalisation) is unsafe once a process group
-    has run, because of two native threads:
-
-    - the rendezvous TCPStore's server thread can block finalisation for seconds;
-    - a gloo worker thread drops its reference to a finished collective only
-      after the caller's ``wait()`` has returned. When that is the last
-      reference and the interpreter is already finalising, releasing the
-      tensors' Python objects needs the GIL, Python ends the thread with
-      ``pthread_exit``, and the forced unwind through a ``noexcept`` destructor
-      calls ``std::terminate``: the process dies with SIGABRT ("terminate called
-      without an active exception") after its work is done. A core dump shows
-      the thread in ``ProcessGroupGloo::runLoop`` ->
-      ``~AsyncAllgatherWork`` -> ``gil_scoped_acquire`` -> ``PyThread_exit_thread``
-      while the main thread is in ``Py_FinalizeEx`` (torch 2.13, Python 3.11).
-    """
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)

@@ -1,0 +1,83 @@
+"""How a worker process ends (docs/contracts.md §5): its termination message, a safe exit once torch.distributed
+has run, and the exit of a process stuck in a call that nothing can interrupt."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any, NoReturn
+
+from ..log import get_logger
+from ..paths import map_path
+
+log = get_logger(__name__)
+
+# A worker that ends on its own because it is stuck exits with this code: a failure (contracts.md §5), replaced
+# as any other, not a bad config (2).
+STUCK_EXIT_CODE = 1
+
+
+def write_termination_message(summary: dict[str, Any]) -> None:
+    """The JSON the operator reads from a finished worker (docs/contracts.md §5)."""
+    path = map_path(os.environ.get("COHORT_TERMINATION_LOG", "/dev/termination-log"))
+    try:
+        with open(path, "w") as f:
+            f.write(json.dumps(summary))
+    except OSError:
+        pass  # not in a pod (or not writable): the summary is in the logs too
+
+
+def exit_process(rc: int = 0) -> NoReturn:
+    """End a process that used torch.distributed: flush logs and streams, then ``os._exit``.
+
+    A normal exit (interpreter finalisation) is unsafe once a process group
+    has run, because of two native threads:
+
+    - the rendezvous TCPStore's server thread can block finalisation for seconds;
+    - a gloo worker thread drops its reference to a finished collective only
+      after the caller's ``wait()`` has returned. When that is the last
+      reference and the interpreter is already finalising, releasing the
+      tensors' Python objects needs the GIL, Python ends the thread with
+      ``pthread_exit``, and the forced unwind through a ``noexcept`` destructor
+      calls ``std::terminate``: the process dies with SIGABRT ("terminate called
+      without an active exception") after its work is done. A core dump shows
+      the thread in ``ProcessGroupGloo::runLoop`` ->
+      ``~AsyncAllgatherWork`` -> ``gil_scoped_acquire`` -> ``PyThread_exit_thread``
+      while the main thread is in ``Py_FinalizeEx`` (torch 2.13, Python 3.11).
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
+@contextlib.contextmanager
+def exit_if_stuck(seconds: float, what: str) -> Iterator[None]:
+    """Run the block; if it is still running after ``seconds``, end the process (:data:`STUCK_EXIT_CODE`, the
+    reason as its termination message and an error log line) from a watcher thread.
+
+    For a call that neither a timeout nor another thread can interrupt, where the process can do nothing
+    better than leave and be replaced: NCCL's communicator init (``init_process_group`` with ``device_id``)
+    waits for every member to reach NCCL's bootstrap, with no bound, and the communicator being formed is not
+    yet registered anywhere an abort could reach it.
+    """
+    done = threading.Event()
+
+    def watch() -> None:
+        if done.wait(seconds):
+            return
+        reason = f"{what} did not finish within {seconds:.0f}s: this worker leaves, to be replaced"
+        log.error("stuck: exiting", extra={"error": reason, "seconds": seconds})
+        write_termination_message({"error": reason})
+        exit_process(STUCK_EXIT_CODE)
+
+    threading.Thread(target=watch, name="cohort-exit-if-stuck", daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
