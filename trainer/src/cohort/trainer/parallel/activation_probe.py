@@ -139,13 +139,20 @@ def _first_block_call(model: nn.Module, block: nn.Module, inputs: torch.Tensor, 
     return call[0]
 
 
+def _block_input(call: tuple[tuple[Any, ...], dict[str, Any]], device: torch.device,
+                 param_dtype: torch.dtype) -> tuple[torch.Tensor, tuple[Any, ...], dict[str, Any]]:
+    """The first block's call on ``device``: its input (detached, floating point in ``param_dtype``, as the
+    previous block would answer under FSDP's MixedPrecisionPolicy), its other arguments and keywords."""
+    args, kwargs = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, call)
+    x = args[0].detach()
+    return (x.to(param_dtype) if x.is_floating_point() else x), args, kwargs
+
+
 def _block_share(blocks: tuple[nn.Module, nn.Module], call: tuple[tuple[Any, ...], dict[str, Any]], mode: str,
                  device: torch.device, precision: str, param_dtype: torch.dtype) -> int:
     """Bytes the second of two chained blocks adds to what the first keeps (the share of one block in a chain)."""
     def kept(depth: int) -> int:
-        args, kwargs = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, call)
-        x = args[0].detach()
-        x = x.to(param_dtype) if x.is_floating_point() else x
+        x, args, kwargs = _block_input(call, device, param_dtype)
         x.requires_grad_(x.is_floating_point())
         before = _storages(x, args, kwargs, *(b.parameters() for b in blocks), *(b.buffers() for b in blocks))
         outputs = []  # each block's whole output stays referenced, as the model's forward may keep it
@@ -252,8 +259,7 @@ def measure_activations(model: nn.Module, batch: ProbeBatch, device: torch.devic
 def _answers(block: nn.Module, call: tuple[tuple[Any, ...], dict[str, Any]], device: torch.device, precision: str,
              param_dtype: torch.dtype) -> int:
     """How many elements the block's answer has when it is a tuple (0: a tensor)."""
-    args, kwargs = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, call)
-    x = args[0].to(param_dtype) if args[0].is_floating_point() else args[0]
+    x, args, kwargs = _block_input(call, device, param_dtype)
     with torch.no_grad(), autocast(device, precision):
         out = block(x, *args[1:], **kwargs)
     return len(out) if isinstance(out, (tuple, list)) else 0
