@@ -419,7 +419,9 @@ class FaultTolerance:
         60, minimum=1,
         doc="torch.distributed's process group timeout. How long a worker forming a world waits for its peers "
             "and for rank 0's rendezvous store: past it, it reports the members that never arrived, and the "
-            "operator replaces those that are hung. Also how long a collective may wait outside calm steps: "
+            "operator replaces those that are hung; a worker whose group has still not formed after twice this "
+            "plus 2 s (NCCL's communicator init has no bound of its own) exits, to be replaced. Also how long "
+            "a collective may wait outside calm steps: "
             "the first steps of a world (compilation, warm-up), an evaluation, rank 0 saving a checkpoint. "
             "Raise it when those take longer (a worker logs a warning naming this field when a step takes over "
             "half of it); a hung worker is found later.")
