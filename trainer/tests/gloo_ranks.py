@@ -100,10 +100,15 @@ def _entry(rank: int, fn: Callable[..., Any], world: int, port: int, out: str, a
                                 timeout=datetime.timedelta(seconds=60))
     try:
         result = fn(rank, world, *args)
+        torch.save(result, Path(out) / f"{rank}.pt")
+        if group and rank == 0:
+            # Rank 0 hosts the store: it stays until every rank is done with it (a rank behind may still be
+            # forming a mesh's groups there). Not a barrier: a case may have shortened the group's timeout.
+            while not all((Path(out) / f"{r}.pt").exists() for r in range(world)):
+                time.sleep(0.01)
     finally:
         if group:
             dist.destroy_process_group()
-    torch.save(result, Path(out) / f"{rank}.pt")
     exit_process(0)
 
 

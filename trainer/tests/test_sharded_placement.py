@@ -59,6 +59,7 @@ def _place(rank: int, world: int, port: int) -> dict[str, Any]:
             parallelize(model.to(device) if how == "whole model first" else model, dims, mesh, spec.workload,
                         device)
         out[how] = {"peak": meter.peak, "placed": all(on_device(p) for p in model.parameters())}
+    dist.barrier()  # rank 0 hosts the store: it must not leave while a rank behind still builds its mesh there
     dist.destroy_process_group()
     return out
 
