@@ -112,8 +112,7 @@ def _auto(rank: int, world: int, ports: list[int], root: str, runs: list[dict[st
     from simulated_device import on_device, simulated_device
 
     out = []
-    for run, port in zip(runs, ports, strict=True):
-        i = len(out)
+    for i, (run, port) in enumerate(zip(runs, ports, strict=True)):
         m = copy.deepcopy(MANIFEST)
         m["spec"]["workload"].update(epochs=0, maxSteps=2, batchSize=2, evalEveryEpochs=0,
                                      optimizer={"name": "sgd", "lr": 0.1, "momentum": 0.0}, **run.get("workload", {}))

@@ -207,9 +207,9 @@ class Rendezvous:
             if self.bind_ip:
                 kwargs["pg_options"] = gloo_options_bound_to(self.my_ip)
         self._group_store = pg_store  # torch holds the group's store; a Python store's object must live as long
-        with exit_if_stuck(self.form_bound_s, f"forming world {world.version}'s process group "
-                                              f"({backend_for(self.device)})"):
-            dist.init_process_group(backend_for(self.device), store=pg_store, rank=rank, world_size=world.size,
+        backend = backend_for(self.device)
+        with exit_if_stuck(self.form_bound_s, f"forming world {world.version}'s process group ({backend})"):
+            dist.init_process_group(backend, store=pg_store, rank=rank, world_size=world.size,
                                     timeout=datetime.timedelta(seconds=self.timeout_s), **kwargs)
 
     @property
