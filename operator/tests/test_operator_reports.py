@@ -56,19 +56,24 @@ def test_a_check_that_finds_the_reporter_gone_proves_nothing():
 
 
 def test_a_member_absent_from_a_rendezvous_is_hung_only_if_its_trainer_is_stuck_in_an_older_world():
-    """Four members reported absent from world 5's rendezvous: one whose trainer is still in a step of world 4,
-    one that accepts connections and never answers (the whole process stopped): hung. One waiting for the
-    next world (it arrived late), one gone (the check of who is gone says so, not this): not hung."""
+    """Six members reported absent from world 5's rendezvous: one whose trainer is still in a step of world 4,
+    one still forming world 4's group (NCCL's init waits for a dead member for good), one that accepts
+    connections and never answers (the whole process stopped): hung. One waiting for the next world (it arrived
+    late), one forming world 5's group (it arrived late), one gone (the check of who is gone says so, not this):
+    not hung."""
     docs = {"127.0.0.1": {"state": "training", "worldVersion": 4}, "127.0.0.2": {"state": "recovering",
-                                                                             "worldVersion": 4}}
+                                                                             "worldVersion": 4},
+            "127.0.0.5": {"state": "forming", "worldVersion": 4}, "127.0.0.6": {"state": "forming", "worldVersion": 5}}
     with progress_served(docs) as port, socket.socket() as silent:
         silent.bind(("127.0.0.3", port))
         silent.listen()
         members = [Member("stuck", ip="127.0.0.1"), Member("late", ip="127.0.0.2"), Member("stopped", ip="127.0.0.3"),
-                   Member("gone", ip="127.0.0.4")]
+                   Member("gone", ip="127.0.0.4"), Member("forming-old", ip="127.0.0.5"),
+                   Member("forming-new", ip="127.0.0.6")]
         found = asyncio.run(stuck(members, port, 5, timeout_s=0.3))
     assert found == {"stuck": "its trainer is still in a step of world v4",
-                     "stopped": f"it accepts connections on 127.0.0.3:{port} and does not answer in 0.3s"}
+                     "stopped": f"it accepts connections on 127.0.0.3:{port} and does not answer in 0.3s",
+                     "forming-old": "its trainer is still forming world v4's process group"}
 
 
 @pytest.mark.parametrize("doc, hung", [
@@ -77,6 +82,9 @@ def test_a_member_absent_from_a_rendezvous_is_hung_only_if_its_trainer_is_stuck_
     ({"state": "training", "worldVersion": 4, "overdueSeconds": -3.0}, False),  # time left in its step
     ({"state": "training", "worldVersion": 5, "overdueSeconds": 60.0}, False),  # in the current world
     ({"state": "recovering", "worldVersion": 4, "overdueSeconds": 60.0}, False),  # left the step
+    ({"state": "forming", "worldVersion": 4, "overdueSeconds": OVERDUE_GRACE_S + 0.5}, True),  # its group never formed
+    ({"state": "forming", "worldVersion": 4, "overdueSeconds": -50.0}, False),  # within its forming bound
+    ({"state": "forming", "worldVersion": 5, "overdueSeconds": 60.0}, False),  # forming the current world
     ({"state": "training", "worldVersion": 4}, False),  # a trainer that gives no deadline
     ({"state": "training", "worldVersion": 4, "overdueSeconds": "late"}, False),  # workers' input
 ])
@@ -91,7 +99,7 @@ def test_members_in_an_older_world_are_listed_with_the_evidence_once_overdue():
     with progress_served(docs) as port:
         members = [Member("hung", ip="127.0.0.1"), Member("leaving", ip="127.0.0.2"), Member("left", ip="127.0.0.3")]
         found = asyncio.run(in_old_worlds(members, port, 5, timeout_s=0.3))
-    assert found == {"hung": "its trainer is still in a step of world v4, 10s past the time it allows a step",
+    assert found == {"hung": "its trainer is still in a step of world v4, 10s past its own deadline",
                      "leaving": ""}
 
 

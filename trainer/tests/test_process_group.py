@@ -220,7 +220,9 @@ def test_gloo_options_bind_the_given_address():
 _STUCK = """
 import sys, time
 from cohort.trainer.runtime.exit import exit_if_stuck
-with exit_if_stuck(1.0, "the test's call"):
+t0 = time.monotonic()
+superseded = (lambda: time.monotonic() - t0 > float(sys.argv[2])) if len(sys.argv) > 2 else None
+with exit_if_stuck(float(sys.argv[3]) if len(sys.argv) > 3 else 1.0, "the test's call", superseded, 1.0):
     time.sleep(float(sys.argv[1]))
 print("after the block", flush=True)
 """
@@ -248,6 +250,31 @@ def test_a_block_still_running_past_its_bound_ends_the_process_with_its_reason(t
     assert not (tmp_path / "term").exists()
 
 
+def test_a_block_superseded_ends_the_process_after_its_grace_not_its_bound(tmp_path):
+    """``exit_if_stuck`` with ``superseded``: a block still running its grace (1 s) after ``superseded()`` turned
+    true (at 0.5 s) ends the process then, not at its bound (60 s); one that ends within the grace does not."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "COHORT_TERMINATION_LOG": str(tmp_path / "term")}
+    t0 = time.monotonic()
+    stuck = subprocess.run([sys.executable, "-c", _STUCK, "120", "0.5", "60"], env=env, capture_output=True,
+                           text=True, timeout=50)
+    assert stuck.returncode == 1 and "after the block" not in stuck.stdout, stuck
+    assert time.monotonic() - t0 < 30
+    assert json.loads((tmp_path / "term").read_text()) == {
+        "error": "the test's call was still running 1s after a newer world was published: this worker leaves, "
+                 "to be replaced"}
+    (tmp_path / "term").unlink()
+    quick = subprocess.run([sys.executable, "-c", _STUCK, "0.8", "0.5", "60"], env=env, capture_output=True,
+                           text=True, timeout=50)
+    assert quick.returncode == 0 and "after the block" in quick.stdout, quick
+    assert not (tmp_path / "term").exists()
+
+
 # A one-member world's rank 0 joins through Rendezvous.join; after the barrier's "go", init_process_group never
 # returns, as NCCL's eager communicator init does when a member died between the barrier and NCCL's bootstrap
 # (its wait looks at no store and no newer world, and no abort reaches a communicator still forming).
@@ -257,7 +284,11 @@ from cohort.trainer.runtime import process_group as pg
 from cohort.trainer.runtime.world import Member, World
 pg.dist.init_process_group = lambda *a, **k: time.sleep(600)
 w = World(5, (Member(0, "p0", "127.0.0.1"),), "127.0.0.1", int(sys.argv[1]))
-pg.Rendezvous("127.0.0.1", int(sys.argv[1]), timeout_s=1.0).join(w, 0, lambda: False)
+newer_at = float(sys.argv[3]) if len(sys.argv) > 3 else None  # when a newer world appears, after the forming
+formed: list[float] = []
+is_newer = lambda: newer_at is not None and bool(formed) and time.monotonic() - formed[0] > newer_at
+forming = lambda: (formed.append(time.monotonic()), print("forming", flush=True))
+pg.Rendezvous("127.0.0.1", int(sys.argv[1]), timeout_s=float(sys.argv[2])).join(w, 0, is_newer, forming)
 print("joined", flush=True)
 """
 
@@ -276,9 +307,33 @@ def test_a_member_stuck_forming_the_group_exits_within_its_bound_and_says_why(tm
 
     env = {**os.environ, "COHORT_TERMINATION_LOG": str(tmp_path / "term")}
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-c", _FORMING_HANGS, str(free_port())], env=env, capture_output=True,
-                       text=True, timeout=60)
-    assert p.returncode == 1 and "joined" not in p.stdout, p
+    p = subprocess.run([sys.executable, "-c", _FORMING_HANGS, str(free_port()), "1"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "joined" not in p.stdout and "forming" in p.stdout, p
     assert 4 <= time.monotonic() - t0 < 20, time.monotonic() - t0
     error = json.loads((tmp_path / "term").read_text())["error"]
     assert error.startswith("forming world 5's process group (") and "did not finish within 4s" in error, error
+
+
+def test_a_member_stuck_forming_leaves_one_group_timeout_after_a_newer_world_not_at_its_bound(tmp_path):
+    """The same stuck member, with a group timeout of 5 s (its bound 12 s), sees a newer world 1 s into the
+    forming (its authority saw the death): it leaves one timeout later (about 6 s in), with the reason; its peers
+    stop waiting for it in the newer world's rendezvous then too, and the operator, asking its /progress, finds
+    it still forming the older world (cohort.api.progress)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from cohort.trainer.runtime.ports import free_port
+
+    env = {**os.environ, "COHORT_TERMINATION_LOG": str(tmp_path / "term")}
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", _FORMING_HANGS, str(free_port()), "5", "1"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "joined" not in p.stdout and "forming" in p.stdout, p
+    assert time.monotonic() - t0 < 11, time.monotonic() - t0
+    error = json.loads((tmp_path / "term").read_text())["error"]
+    assert error == ("forming world 5's process group (gloo) was still running 5s after a newer world was "
+                     "published: this worker leaves, to be replaced"), error

@@ -153,8 +153,8 @@ class Reconciler:
             task.add_done_callback(self._checks.discard)
 
     async def _watch_old_world(self, mem: JobMemory, left: int) -> None:
-        """The members of world ``left`` re-form under a newer version: one whose trainer is still in a step of
-        an older world past its own deadline is hung (cohort.api.progress), found without waiting for the new
+        """The members of world ``left`` re-form under a newer version: one whose trainer is still in an older
+        world (a step of it, or forming its group) past its own deadline is hung (cohort.api.progress), found without waiting for the new
         world's rendezvous to time out. Until no member is in an older world, or twice the group's timeout."""
         try:
             ft = parse(FaultTolerance, ((mem.body or {}).get("spec") or {}).get("faultTolerance"),

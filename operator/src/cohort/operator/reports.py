@@ -22,14 +22,15 @@ So does a report while the reporter answers and another member accepts the conne
 be hung, and the re-formed world's rendezvous tells (below).
 
 A report may name members ``absent``: its writer waited out the rendezvous timeout of that world and they
-never arrived. The operator asks each for ``/progress``: one still in a step of an older world, or one that
-accepts the connection and does not answer at all, is hung (:func:`stuck`): its process is alive, so its
-kubelet will never report it, and it is counted as a failed worker, deleted and replaced. One that answers
-from the new world (it arrived late) or while waiting for one is not.
+never arrived. The operator asks each for ``/progress``: one still in a step of an older world or forming
+that world's process group (cohort.api.progress), or one that accepts the connection and does not answer at
+all, is hung (:func:`stuck`): its process is alive, so its kubelet will never report it, and it is counted
+as a failed worker, deleted and replaced. One that answers from the new world (it arrived late) or while
+waiting for one is not.
 
-A hung member whose metrics thread answers is found before that: after a re-form, the members still in a
-step of an older world are asked once a second (:func:`in_old_worlds`), and one past its own deadline for
-that step (cohort.api.progress) is hung the same way.
+A hung member whose metrics thread answers is found before that: after a re-form, the members still in an
+older world are asked once a second (:func:`in_old_worlds`), and one past its own deadline for what it does
+there (cohort.api.progress) is hung the same way.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from typing import Any
 
 from cohort.api import progress
 from cohort.api.jobconfig import REFORM_INTERVAL_S as REFORM_INTERVAL_S
-from cohort.api.progress import in_a_step_of, in_old_world
+from cohort.api.progress import in_old_world
 
 from .world import Member
 
@@ -134,17 +135,15 @@ async def stuck(members: Iterable[Member], port: int, version: int,
     """Of ``members`` (reported absent from world ``version``'s rendezvous), the hung ones: pod -> evidence."""
     out = {}
     for pod, (doc, silent) in (await _ask(members, port, timeout_s)).items():
-        at = in_old_world(doc, version) if doc is not None else None
-        if silent:
-            out[pod] = silent
-        elif at is not None:
-            out[pod] = in_a_step_of(at)
+        held = in_old_world(doc, version) if doc is not None else ""
+        if silent or held:
+            out[pod] = silent or held
     return out
 
 
 async def in_old_worlds(members: Iterable[Member], port: int, version: int,
                         timeout_s: float = STUCK_ANSWER_S) -> dict[str, str]:
-    """Of the members of world ``version``, those whose trainer is still in a step of an older world: pod ->
+    """Of the members of world ``version``, those whose trainer is still in an older world: pod ->
     evidence that it is hung there, past its own deadline (cohort.api.progress), or '' while it is not yet."""
     found = await _ask(members, port, timeout_s)
     return progress.in_old_worlds({pod: doc for pod, (doc, _) in found.items()}, version)

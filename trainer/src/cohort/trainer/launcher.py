@@ -20,8 +20,8 @@ new version (at most once per ``REFORM_INTERVAL_S``), instead of waiting until
 their wait runs out and exiting. A report that names members absent from a
 world's rendezvous (its peers waited out the rendezvous timeout) while their
 processes live names hung processes: they are killed and replaced; so, sooner,
-is a member still in a step of an older world past its own deadline after a
-re-form (its /progress says so; cohort.api.progress).
+is a member still in an older world (a step, or forming its group) past its
+own deadline after a re-form (its /progress says so; cohort.api.progress).
 
 On a machine with a GPU the workers share it: the launcher sets no
 ``LOCAL_RANK``, so each worker takes ``cuda:0`` (runtime/device.py), and NCCL
@@ -304,8 +304,8 @@ class LocalRun:
                   f"{len(self.members)} ranks in place")
 
     def _watch_old_world(self) -> None:
-        """After a re-form, once a second: a member whose trainer is still in a step of an older world past its
-        own deadline is hung (cohort.api.progress), and is killed (then _reap replaces it) without waiting for
+        """After a re-form, once a second: a member whose trainer is still in an older world (a step of it, or
+        forming its group) past its own deadline is hung (cohort.api.progress), and is killed (then _reap replaces it) without waiting for
         the new world's rendezvous to time out. Until no member is in an older world, or twice the timeout."""
         if self.old_world_watch is None:
             return

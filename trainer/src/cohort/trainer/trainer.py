@@ -240,7 +240,8 @@ class Trainer:
         assert rank is not None
         self.world, self.rank = world, rank
         logmod.context.update(rank=rank, world_version=world.version)
-        self.metrics.update_progress(state="recovering" if self.joined else "joining")
+        entering = "recovering" if self.joined else "joining"
+        self.metrics.update_progress(state=entering)
         self.armed_timeout_s = self.rdzv.timeout_s  # a group this process forms starts with it
         if self.static:  # torchrun-style: the environment's group (unless the caller formed one)
             if dist.is_initialized():
@@ -250,7 +251,9 @@ class Trainer:
                                         timeout=datetime.timedelta(seconds=self.rdzv.timeout_s),
                                         device_id=self.device if self.device.type == "cuda" else None)
         else:
-            self.rdzv.join(world, rank, is_newer=lambda: self._latest_version() > world.version)
+            self.rdzv.join(world, rank, is_newer=lambda: self._latest_version() > world.version,
+                           forming=lambda: self._forming(world))
+            self.metrics.update_progress(state=entering)
             if self.watch is None and uses_nccl():
                 self.watch = StepWatch(self.worlds, abort_nccl_communicators, self._interrupt_grace_s).start()
         log.info("process group formed", extra={"size": world.size, "t": time.time()})
@@ -276,6 +279,13 @@ class Trainer:
         self.first_step_pending = True
         log.info("joined world", extra={"size": world.size, "step": self.state.step, "plan": self.plan.describe(),
                                         "source": self.recovery_source, "t": time.time()})
+
+    def _forming(self, world: World) -> None:
+        """Every member arrived: the group forms now. ``/progress`` says which world, with the time it allows
+        (a member still forming an older world when its peers name it absent from the next is hung there:
+        cohort.api.progress)."""
+        self.metrics.due_in(self.rdzv.form_bound_s)
+        self.metrics.update_progress(state="forming", worldVersion=world.version)
 
     def _place_replicas(self) -> None:
         """A replicated plan's first world for a model kept on the host (strategy auto): the model goes to the

@@ -9,7 +9,8 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 from ..log import get_logger
@@ -56,25 +57,43 @@ def exit_process(rc: int = 0) -> NoReturn:
     os._exit(rc)
 
 
+# How often the watcher of :func:`exit_if_stuck` looks whether the block was superseded.
+_LOOK_S = 0.1
+
+
 @contextlib.contextmanager
-def exit_if_stuck(seconds: float, what: str) -> Iterator[None]:
-    """Run the block; if it is still running after ``seconds``, end the process (:data:`STUCK_EXIT_CODE`, the
-    reason as its termination message and an error log line) from a watcher thread.
+def exit_if_stuck(seconds: float, what: str, superseded: Callable[[], bool] | None = None,
+                  superseded_grace_s: float = 0.0) -> Iterator[None]:
+    """Run the block; if it is still running after ``seconds``, or ``superseded_grace_s`` after ``superseded()``
+    first answered true, end the process (:data:`STUCK_EXIT_CODE`, the reason as its termination message and an
+    error log line) from a watcher thread.
 
     For a call that neither a timeout nor another thread can interrupt, where the process can do nothing
     better than leave and be replaced: NCCL's communicator init (``init_process_group`` with ``device_id``)
     waits for every member to reach NCCL's bootstrap, with no bound, and the communicator being formed is not
-    yet registered anywhere an abort could reach it.
+    yet registered anywhere an abort could reach it. ``superseded`` says that what the block does is no longer
+    wanted (a newer world was published): a block that would have finished soon is given the grace to, and one
+    that is stuck leaves then rather than at its full bound.
     """
     done = threading.Event()
 
     def watch() -> None:
-        if done.wait(seconds):
-            return
-        reason = f"{what} did not finish within {seconds:.0f}s: this worker leaves, to be replaced"
-        log.error("stuck: exiting", extra={"error": reason, "seconds": seconds})
-        write_termination_message({"error": reason})
-        exit_process(STUCK_EXIT_CODE)
+        start = time.monotonic()
+        seen: float | None = None  # when superseded() first answered true
+        while not done.wait(_LOOK_S):
+            now = time.monotonic()
+            if seen is None and superseded is not None and superseded():
+                seen = now
+            if now - start >= seconds:
+                reason = f"{what} did not finish within {seconds:.0f}s"
+            elif seen is not None and now - seen >= superseded_grace_s:
+                reason = f"{what} was still running {superseded_grace_s:.0f}s after a newer world was published"
+            else:
+                continue
+            reason += ": this worker leaves, to be replaced"
+            log.error("stuck: exiting", extra={"error": reason, "seconds": round(now - start, 3)})
+            write_termination_message({"error": reason})
+            exit_process(STUCK_EXIT_CODE)
 
     threading.Thread(target=watch, name="cohort-exit-if-stuck", daemon=True).start()
     try:

@@ -190,8 +190,10 @@ class Rendezvous:
         return Absent(f"world {world.version}: rank 0's rendezvous store {world.master_addr}:{world.master_port} "
                       f"did not answer within {self.timeout_s:.0f}s", [m.pod for m in world.members if m.rank == 0])
 
-    def join(self, world: World, rank: int, is_newer: Callable[[], bool]) -> None:
-        """Form the default process group for ``world`` as ``rank``."""
+    def join(self, world: World, rank: int, is_newer: Callable[[], bool],
+             forming: Callable[[], None] | None = None) -> None:
+        """Form the default process group for ``world`` as ``rank``; ``forming`` is called once every member has
+        arrived, as the group itself starts forming (the trainer says so in ``/progress``)."""
         base = self._host_store() if rank == 0 else self._connect(world, is_newer)
         store = dist.PrefixStore(f"v{world.version}", base)
         self._barrier(store, world, rank, is_newer)
@@ -208,7 +210,10 @@ class Rendezvous:
                 kwargs["pg_options"] = gloo_options_bound_to(self.my_ip)
         self._group_store = pg_store  # torch holds the group's store; a Python store's object must live as long
         backend = backend_for(self.device)
-        with exit_if_stuck(self.form_bound_s, f"forming world {world.version}'s process group ({backend})"):
+        if forming is not None:
+            forming()
+        with exit_if_stuck(self.form_bound_s, f"forming world {world.version}'s process group ({backend})",
+                           superseded=is_newer, superseded_grace_s=self.timeout_s):
             dist.init_process_group(backend, store=pg_store, rank=rank, world_size=world.size,
                                     timeout=datetime.timedelta(seconds=self.timeout_s), **kwargs)
 
@@ -220,7 +225,9 @@ class Rendezvous:
         answer. Gloo's own waits end within it (``_Bounded``); NCCL's communicator init, formed eagerly for
         ``device_id``, has no bound of its own: a member that dies between the barrier and NCCL's bootstrap
         leaves the others in it for good, and torch's non-blocking mode, which would bound it, is not used
-        (docs/gpu.md#when-a-gpu-worker-is-lost says why)."""
+        (docs/gpu.md#when-a-gpu-worker-is-lost says why). Once a newer world is published (its authority saw
+        the death), the process leaves sooner: when the group has still not formed one timeout later (a live
+        group forms well within it, and its peers stop waiting for it in the newer world's rendezvous then)."""
         return 2 * self.timeout_s + _ANSWER_S
 
     def _barrier(self, store: dist.Store, world: World, rank: int, is_newer: Callable[[], bool]) -> None:
