@@ -73,3 +73,12 @@ def test_torchrun_restart_phases_are_read_to_the_slowest_rank():
                                     "first step": 0.2, "total": 5.7, "lost": 37})
     with pytest.raises(ValueError, match="1 of 2 restarted ranks"):
         restart_phases([e for e in events if not (e["event"] == "first_step" and e["rank"] == 1)], 2)
+
+
+def test_a_smoke_on_a_cpu_slow_at_bf16_gives_its_later_phases_more_time():
+    """12,000 tokens/s or more (or no figure): the caps as they are; 5,000 (the AMD EPYC whose smoke ran out of its
+    caps): 2.4x; slower still: at most 2.5x."""
+    stretch = _proof().smoke_stretch
+    assert stretch(27_000.0) == stretch(12_000.0) == stretch(None) == stretch(0.0) == 1.0
+    assert stretch(5_000.0) == pytest.approx(2.4)
+    assert stretch(1_000.0) == 2.5
