@@ -251,9 +251,11 @@ class Trainer:
                                         timeout=datetime.timedelta(seconds=self.rdzv.timeout_s),
                                         device_id=self.device if self.device.type == "cuda" else None)
         else:
-            self.rdzv.join(world, rank, is_newer=lambda: self._latest_version() > world.version,
-                           forming=lambda: self._forming(world))
-            self.metrics.update_progress(state=entering)
+            try:
+                self.rdzv.join(world, rank, is_newer=lambda: self._latest_version() > world.version,
+                               forming=lambda: self._forming(world))
+            finally:  # "forming" only while the group forms (cohort.api.progress reads it as held there)
+                self.metrics.update_progress(state=entering)
             if self.watch is None and uses_nccl():
                 self.watch = StepWatch(self.worlds, abort_nccl_communicators, self._interrupt_grace_s).start()
         log.info("process group formed", extra={"size": world.size, "t": time.time()})
