@@ -154,8 +154,9 @@ class Reconciler:
 
     async def _watch_old_world(self, mem: JobMemory, left: int) -> None:
         """The members of world ``left`` re-form under a newer version: one whose trainer is still in an older
-        world (a step of it, or forming its group) past its own deadline is hung (cohort.api.progress), found without waiting for the new
-        world's rendezvous to time out. Until no member is in an older world, or twice the group's timeout."""
+        world (a step of it, or forming its group) past its own deadline is hung (cohort.api.progress), found
+        without waiting for the new world's rendezvous to time out. Until no member is in an older world, or
+        twice the group's timeout."""
         try:
             ft = parse(FaultTolerance, ((mem.body or {}).get("spec") or {}).get("faultTolerance"),
                        "spec.faultTolerance")

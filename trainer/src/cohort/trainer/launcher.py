@@ -305,8 +305,9 @@ class LocalRun:
 
     def _watch_old_world(self) -> None:
         """After a re-form, once a second: a member whose trainer is still in an older world (a step of it, or
-        forming its group) past its own deadline is hung (cohort.api.progress), and is killed (then _reap replaces it) without waiting for
-        the new world's rendezvous to time out. Until no member is in an older world, or twice the timeout."""
+        forming its group) past its own deadline is hung (cohort.api.progress), and is killed (then _reap
+        replaces it) without waiting for the new world's rendezvous to time out. Until no member is in an older
+        world, or twice the timeout."""
         if self.old_world_watch is None:
             return
         version, next_look, until = self.old_world_watch
