@@ -20,6 +20,10 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+# Every binary is linked stripped (-ldflags "-s -w"), so the compiler's DWARF is thrown away at the link:
+# not generating it takes about 12 % off a cold build (crictl, fresh build cache, 3 runs each in turn:
+# 57.3 s against 67.1 s wall, docs/benchmarks.md#setup-times). The code generated is the same.
+GCFLAGS="all=-dwarf=false"
 # A build cache of our own, removed once every binary is built: it grows to
 # several GB over these modules and is of no use until a version changes (the
 # binaries themselves are the cache). The module cache is Go's default.
@@ -85,7 +89,7 @@ GO
     go mod tidy
     local tmp; tmp=$(mktemp -d "$BIN_CACHE/.kubernetes.XXXX")
     log "compiling kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy"
-    go build -trimpath -tags selinux,notest -ldflags "$ld" -o "$tmp/" \
+    go build -trimpath -tags selinux,notest -gcflags "$GCFLAGS" -ldflags "$ld" -o "$tmp/" \
       k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
       k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
       k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
@@ -116,7 +120,7 @@ GO
     cd "$mod"
     go mod tidy
     local tmp; tmp=$(mktemp -d "$BIN_CACHE/.etcd.XXXX")
-    go build -trimpath -ldflags "-s -w" -o "$tmp/etcd" .
+    go build -trimpath -gcflags "$GCFLAGS" -ldflags "-s -w" -o "$tmp/etcd" .
     rm -rf "$out"; mv "$tmp" "$out"
   )
 }
@@ -143,7 +147,7 @@ build_go_install() {  # name version binaries... -- packages...
     ld+=" -X github.com/prometheus/common/version.Version=$v"
     tags=remove_all_sd,enable_kubernetes_sd
   fi
-  GOBIN="$tmp" go install -trimpath -tags "$tags" -ldflags "$ld" "${pkgs[@]/%/@$version}"
+  GOBIN="$tmp" go install -trimpath -tags "$tags" -gcflags "$GCFLAGS" -ldflags "$ld" "${pkgs[@]/%/@$version}"
   if [[ $name == kueue ]]; then  # the manifests hack/kueue.sh applies, from the same module
     local src; src=$(go_module "sigs.k8s.io/kueue@$version" Dir)
     mkdir -p "$tmp/config"
