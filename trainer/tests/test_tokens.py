@@ -168,3 +168,73 @@ def test_the_loaders_worker_processes_hold_none_of_the_trainers_sockets():
     finally:
         again.close()
         loader.close()
+
+_LOADS_THEN_EXITS = """
+import multiprocessing
+import torch
+from cohort.trainer.loader import BatchLoader
+from cohort.trainer.runtime.exit import exit_process
+from cohort.trainer.sampler import ElasticSampler
+from cohort.trainer.workloads.splits import TensorPairs
+
+if __name__ == "__main__":
+    loader = BatchLoader(TensorPairs(torch.arange(64).float().unsqueeze(1), torch.arange(64)), workers=1)
+    sampler = ElasticSampler(64, batch_size=8, seed=0)
+    loader.get(sampler.indices(0, 1), lambda: sampler.upcoming(0, 1))  # a batch from the worker process
+    print(multiprocessing.util.get_temp_dir(), flush=True)
+    exit_process(0)
+"""
+
+
+def test_a_trainer_and_its_loader_workers_leave_no_multiprocessing_temp_dirs(tmp_path):
+    """``exit_process`` and the loader workers' exit once the trainer is gone both skip the exit handlers
+    (``os._exit``); the ``pymp-*`` directories multiprocessing made for their sockets (the trainer's fork
+    server's, a worker's resource sharer's once it sent a batch) are removed all the same."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "loads.py"  # a file, not -c: the fork server's children import __main__
+    script.write_text(_LOADS_THEN_EXITS)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    p = subprocess.run([sys.executable, str(script)], env={**os.environ, "TMPDIR": str(tmp)}, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p
+    made = p.stdout.strip().splitlines()[-1]
+    assert os.path.dirname(made) == str(tmp) and os.path.basename(made).startswith("pymp-"), made
+    assert not os.path.exists(made), sorted(os.listdir(made))
+    deadline = time.monotonic() + 15  # the workers look for the trainer once a second
+    while list(tmp.glob("pymp-*")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not list(tmp.glob("pymp-*")), [sorted(os.listdir(d)) for d in tmp.glob("pymp-*")]
+
+
+
+@pytest.mark.parametrize("how", ["pidfd", "proc"])
+def test_a_trainer_that_exited_and_was_not_reaped_counts_as_gone(how, monkeypatch):
+    """The loader workers' watch on the trainer: a zombie (exited, its parent has not waited for it yet) has
+    exited, seen through a pidfd or, without one, through /proc; a running process has not."""
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    from cohort.trainer.loader import _running, _wait_exited
+
+    if how == "proc":
+        def no_pidfds(pid: int) -> int:
+            raise OSError(38, "Function not implemented")
+        monkeypatch.setattr(os, "pidfd_open", no_pidfds)
+    assert _running(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)"])
+    try:
+        returned = threading.Event()
+        threading.Thread(target=lambda: (_wait_exited(child.pid), returned.set()), daemon=True).start()
+        assert not returned.wait(0.3) and _running(child.pid)
+        assert returned.wait(30)
+        assert child.returncode is None and os.path.exists(f"/proc/{child.pid}")  # not reaped: a zombie
+        assert not _running(child.pid)
+    finally:
+        child.wait()

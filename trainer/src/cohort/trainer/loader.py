@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import os
+import select
 import threading
 import time
 from collections import deque
@@ -37,6 +38,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from .runtime.exit import remove_multiprocessing_temp_dir
 from .workloads.splits import Split
 
 # The fork server imports these once; each worker it forks starts with them imported.
@@ -50,17 +52,42 @@ def _exit_with(trainer_pid: int, _worker_id: int) -> None:
     torch's workers watch their parent process, which here is the fork server; it
     outlives the trainer, and so did the workers (every local run left one worker,
     its fork server and a resource tracker per rank behind). This thread watches the
-    trainer instead; once the workers exit, the fork server and the tracker follow.
+    trainer instead; once the workers exit, the fork server and the tracker follow. A worker that sent a
+    batch has a multiprocessing temp dir (its resource sharer's socket), which ``os._exit`` would leave.
     """
     def watch() -> None:
-        while True:
-            time.sleep(1.0)
-            try:
-                os.kill(trainer_pid, 0)
-            except ProcessLookupError:
-                os._exit(0)
+        _wait_exited(trainer_pid)
+        remove_multiprocessing_temp_dir()
+        os._exit(0)
 
     threading.Thread(target=watch, name="cohort-loader-watchdog", daemon=True).start()
+
+
+def _wait_exited(pid: int) -> None:
+    """Return once process ``pid`` has exited, a zombie included.
+
+    A pidfd turns readable then, at once. ``kill(pid, 0)``, polled, finds a zombie alive: a trainer whose
+    parent reads its output to the end before reaping it (``subprocess.run`` with ``capture_output``) waited
+    on the worker, which held that output open, for good. Without pidfds (Linux before 5.3, or a seccomp
+    profile that refuses the call) ``/proc/<pid>/stat`` is polled once a second.
+    """
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    except OSError:
+        while _running(pid):
+            time.sleep(1.0)
+        return
+    select.select([fd], [], [])
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # the state follows the command's name
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 class _ByIndices(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):

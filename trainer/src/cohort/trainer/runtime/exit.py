@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import sys
 import threading
 import time
@@ -50,11 +51,30 @@ def exit_process(rc: int = 0) -> NoReturn:
       the thread in ``ProcessGroupGloo::runLoop`` ->
       ``~AsyncAllgatherWork`` -> ``gil_scoped_acquire`` -> ``PyThread_exit_thread``
       while the main thread is in ``Py_FinalizeEx`` (torch 2.13, Python 3.11).
+
+    ``os._exit`` skips the exit handlers, so what they would clean up is cleaned up here:
+    :func:`remove_multiprocessing_temp_dir`.
     """
+    remove_multiprocessing_temp_dir()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(rc)
+
+
+def remove_multiprocessing_temp_dir() -> None:
+    """Remove this process's ``pymp-*`` directory, if multiprocessing made one.
+
+    multiprocessing makes it (under ``$TMPDIR``) for the Unix sockets it listens on (the data loader's fork
+    server's; the resource sharer's, in a process that sent a tensor to another, such as a loader worker) and
+    removes it in an exit handler, which ``os._exit`` skips: every local run with loader workers left one per
+    trainer and one per loader worker behind. The fork server holds its socket open, not its path, and it exits
+    when the trainer does.
+    """
+    process = sys.modules.get("multiprocessing.process")
+    tempdir = process.current_process()._config.get("tempdir") if process else None
+    if tempdir:
+        shutil.rmtree(tempdir, ignore_errors=True)
 
 
 # How often the watcher of :func:`exit_if_stuck` looks whether the block was superseded.
