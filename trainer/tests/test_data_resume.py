@@ -72,8 +72,12 @@ def test_every_sample_once_per_epoch_across_a_restart_and_2_3_2_workers(tmp_path
     assert sizes[:3] == [2, 3, 2], sizes
 
 
-def test_a_finished_run_leaves_no_loader_process_behind(tmp_path):
-    """The loader's workers come from a fork server, whose lifetime is theirs: they must exit with the trainer."""
+def test_a_finished_run_leaves_no_loader_process_temp_dir_or_warning_behind(tmp_path):
+    """The loader's workers come from a fork server, whose lifetime is theirs: they must exit with the trainer,
+    leave no ``pymp-*`` directory in $TMPDIR, and end before it, so that its log ends with no warning of leaked
+    semaphores (before: every run's did) or a worker's traceback. The run checkpoints (rank 0 alone, DCP's
+    ``no_dist``): DCP's warning that it assumes a single process is not in the log either."""
+    import os
     import time
     import uuid
 
@@ -82,7 +86,9 @@ def test_a_finished_run_leaves_no_loader_process_behind(tmp_path):
     m = job(shards)
     m["spec"]["workload"].update(epochs=0, maxSteps=5)
     mark = f"COHORT_TEST_MARK={uuid.uuid4().hex}"
-    run_local(tmp_path / "run", m, workers=2, env={"COHORT_TEST_MARK": mark.split("=", 1)[1]})
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    run_local(tmp_path / "run", m, workers=2, env={"COHORT_TEST_MARK": mark.split("=", 1)[1], "TMPDIR": str(tmp)})
 
     def marked() -> list[int]:
         pids = []
@@ -98,3 +104,9 @@ def test_a_finished_run_leaves_no_loader_process_behind(tmp_path):
     while marked() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert marked() == [], "processes of the finished run are still alive"
+    assert not list(tmp.glob("pymp-*")), [sorted(os.listdir(d)) for d in tmp.glob("pymp-*")]
+    logs = sorted((tmp_path / "run" / "run").glob("*.log"))
+    assert len(logs) == 2
+    for log in logs:
+        text = log.read_text()
+        assert "Warning" not in text and "Traceback" not in text, (log.name, text[-2000:])

@@ -16,6 +16,7 @@ import json
 import re
 import threading
 import time
+import warnings
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 from typing import Any, cast
@@ -30,6 +31,10 @@ from .log import get_logger
 from .staging import BackgroundStager, has_dtensor
 
 log = get_logger(__name__)
+# DCP warns at a process's first save or load with ``no_dist`` that it is "assuming the intent is to save (load) in a
+# single process", even when asked to in so many words: the replicated strategies' do so on purpose (above).
+warnings.filterwarnings("ignore", message=r"torch\.distributed is (disabled, )?unavailable or uninitialized, "
+                        r"assuming the intent is to (save|load) in a single process", category=UserWarning)
 MARKER = "COMMITTED"
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 

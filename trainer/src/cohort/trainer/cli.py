@@ -70,6 +70,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         trainer.ckpt.wait()
         logging.getLogger("cohort.trainer").info("stopped by SIGTERM", extra={"step": trainer.state.step})
         rc = 143
+    # The loader's worker processes end now, while the trainer still answers them. Left to notice that it
+    # is gone, a worker receiving a step's indices then can print a traceback, and every run's log ended in
+    # "resource_tracker: There appear to be 11 leaked semaphore objects to clean up at shutdown".
+    trainer.loader.close()
     # The checkpoint is committed and the summary written: exit without interpreter
     # finalisation (exit_process says why).
     from .runtime.exit import exit_process
