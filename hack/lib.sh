@@ -21,6 +21,11 @@ go_module() {
 
 log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+wait_all() {  # pid...: wait for every one of these background jobs; fails if any failed, once all have ended
+  local p rc=0
+  for p; do wait "$p" || rc=1; done
+  return "$rc"
+}
 
 # --- background processes recorded in a pids dir ---------------------------------
 # Each started process gets <dir>/<name>.pid and <name>.pid.cmd (its exact command

@@ -303,12 +303,11 @@ healthy() {
 import_images() {  # import the built images each node's containerd lacks, every node at once (every containerd runs)
   # At once, not one node after the other: the trainer's import into two fresh nodes took 91 s so against
   # 140-144 s (docs/benchmarks.md#setup-times); each import is one pipe of zstd, ctr and containerd's unpack.
-  local i pids=() failed=0
+  local i pids=()
   for ((i = 0; i < N; i++)); do
     "$HACK_DIR/images.sh" import "$(sock_of "$i")" "$CTRD_ROOTS/$(node_name "$i")" & pids+=($!)
   done
-  for i in "${pids[@]}"; do wait "$i" || failed=1; done
-  [[ $failed == 0 ]] || die "importing the images into the nodes failed: the lines above say which"
+  wait_all "${pids[@]}" || die "importing the images into the nodes failed: the lines above say which"
 }
 
 images() {  # build what changed, import it into every node when they run (stopped nodes import at start: up)

@@ -122,9 +122,9 @@ load() {  # name|archive
     [[ $last == *:* && $last != *:latest ]] && continue
     log "warning: $n is :latest (or untagged): pods pull it always and fail here; tag it, or set spec.imagePullPolicy: IfNotPresent"
   done
-  local pids=() p
+  local pids=()
   while read -r sock marks; do import_one "$sock" "$marks" "$tar" "$names" & pids+=($!); done <<<"$runtimes"
-  for p in "${pids[@]}"; do wait "$p" || die "loading $src failed (above)"; done
+  wait_all "${pids[@]}" || die "loading $src failed (above)"
   log "loaded $(tr '\n' ' ' <<<"$names")into $(wc -l <<<"$runtimes") node(s)"
 }
 
