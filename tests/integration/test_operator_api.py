@@ -23,6 +23,7 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("min-zero", {"replicas": {"min": 0, "target": 1}}, "spec.replicas.min"),
     ("target-above-max", {"replicas": {"min": 1, "target": 9, "max": 8}}, "spec.replicas.target"),
     ("target-below-min", {"replicas": {"min": 4, "target": 2, "max": 8}}, "spec.replicas.target"),
+    ("max-below-min", {"replicas": {"min": 3, "target": 3, "max": 2}}, "spec.replicas.max"),
     ("negative-spares", {"replicas": {"spares": -1}}, "spec.replicas.spares"),
     ("min-not-multiple-of-model-parallel", {"parallelism": {"strategy": "tensor", "tensor": 3}}, "spec.replicas"),
     ("tensor-without-strategy", {"parallelism": {"strategy": "data", "tensor": 2}}, "spec.parallelism.tensor"),
@@ -149,6 +150,13 @@ def test_python_validation_refuses_and_names_the_field(spec, field):
     with pytest.raises(ValidationError) as err:
         parse(TrainingJobSpec, with_workload(spec))
     assert field in str(err.value), str(err.value)
+
+
+def test_a_max_below_min_is_named_as_the_mistake():
+    """min 3, max 2 breaks target's two bounds as well; the refusal says max is below min, naming max."""
+    with pytest.raises(ValidationError) as err:
+        parse(TrainingJobSpec, with_workload({"replicas": {"min": 3, "target": 3, "max": 2}}))
+    assert "spec.replicas.max: spec.replicas.max must be >= spec.replicas.min" in str(err.value), str(err.value)
 
 
 # A job must say what it trains: no workload, or one without a model or a dataset, is refused.

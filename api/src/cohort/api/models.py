@@ -236,6 +236,9 @@ class Replicas:
     """Elastic worker counts. ``target`` is the scale subresource."""
 
     __rules__ = (
+        # Implied by the two below, but said on its own: min 3, max 2 is a mistake in max or min, not in target.
+        Rule(cel="self.min <= self.max", message="spec.replicas.max must be >= spec.replicas.min",
+             check=lambda r: r.min <= r.max, field_path=".max"),
         Rule(cel="self.min <= self.target", message="spec.replicas.target must be >= spec.replicas.min",
              check=lambda r: r.min <= r.target, field_path=".target"),
         Rule(cel="self.target <= self.max", message="spec.replicas.target must be <= spec.replicas.max",
