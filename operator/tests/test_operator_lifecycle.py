@@ -11,6 +11,7 @@ from cohort.operator.lifecycle import (
     get_condition,
     next_phase,
     parse_time,
+    phase_conditions,
     set_condition,
 )
 
@@ -32,6 +33,20 @@ def test_phases():
     assert next_phase("Running", world_size=0, minimum=2, target=4, lost_member=True) == "Recovering"
     assert next_phase("Running", world_size=3, minimum=2, target=4, lost_member=False) == "Running"  # scale-up
     assert effective_target(7, 2) == 6
+
+
+def test_ready_says_why_no_workers_are_wanted_once_a_job_has_ended_or_is_suspended():
+    def ready(phase: str, world_size: int):
+        conds = phase_conditions([], phase=phase, world_size=world_size, target=4, minimum=2, final_reason="R",
+                                 final_message="m", generation=1, now=T0)
+        c = get_condition(conds, "Ready")
+        return c.status, c.reason, c.message
+
+    assert ready("Running", 4) == ("True", "AllWorkersReady", "4/4 workers in the world")
+    assert ready("Recovering", 3) == ("False", "WorkersNotReady", "3/4 workers in the world")
+    assert ready("Pending", 0) == ("False", "WorkersNotReady", "0/4 workers in the world")
+    for phase in ("Succeeded", "Failed", "Suspended"):
+        assert ready(phase, 0) == ("False", phase, f"job is {phase}")
 
 
 def test_condition_transition_time_moves_only_on_status_change():

@@ -125,8 +125,11 @@ def phase_conditions(conditions: list[Condition], *, phase: str, world_size: int
 
     training = phase in ACTIVE_PHASES and world_size >= max(minimum, 1)
     full = training and world_size >= target
-    put("Ready", full, "AllWorkersReady" if full else "WorkersNotReady",
-        f"{world_size}/{target} workers in the world")
+    if full or not (phase in FINAL_PHASES or phase == "Suspended"):
+        put("Ready", full, "AllWorkersReady" if full else "WorkersNotReady",
+            f"{world_size}/{target} workers in the world")
+    else:  # no workers to wait for: "0/4 workers in the world" under a Succeeded job read as a fault
+        put("Ready", False, phase, f"job is {phase}")
     if training:
         put("Running", True, "Training", f"training with a world of {world_size} workers")
     elif phase in FINAL_PHASES or phase == "Suspended":
