@@ -10,6 +10,7 @@ Bad input exits 2 with one line that names the field or module at fault.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -72,8 +73,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         rc = 143
     # The loader's worker processes end now, while the trainer still answers them. Left to notice that it
     # is gone, a worker receiving a step's indices then can print a traceback, and every run's log ended in
-    # "resource_tracker: There appear to be 11 leaked semaphore objects to clean up at shutdown".
+    # "resource_tracker: There appear to be 11 leaked semaphore objects to clean up at shutdown": the queues'
+    # semaphores are unlinked when collected, and the old iterators sit in reference cycles (os._exit collects
+    # nothing).
     trainer.loader.close()
+    gc.collect()
     # The checkpoint is committed and the summary written: exit without interpreter
     # finalisation (exit_process says why).
     from .runtime.exit import exit_process
@@ -97,19 +101,35 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_world_size(cfg.spec, workers)
     except ValidationError as e:
         return _fail(e)
-    # SIGTERM (a job runner, `kill`) ends the launcher through its `finally`, which stops the workers;
-    # Python's default would end it at once and leave them running, orphaned.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    # SIGTERM (a job runner, `kill`) and Ctrl-C end the launcher through its `finally`, which stops the
+    # workers and says so; Python's default would end it at once on SIGTERM and leave them running, orphaned.
+    signal.signal(signal.SIGTERM, _raise_stopped)
     try:
         summary = run_local(cfg, workers, checkpoint_dir=args.checkpoint_dir, run_dir=args.run_dir,
                             replace_failed=not args.no_replace, spares=args.spares)
     except RuntimeError as e:
         return _fail(e)
+    except (_Stopped, KeyboardInterrupt) as e:
+        signum = e.signum if isinstance(e, _Stopped) else signal.SIGINT
+        print(f"cohort: stopped by {signal.Signals(signum).name}", file=sys.stderr)
+        return 128 + signum
     _print_summary(summary)
     if args.summary_json:
         with open(args.summary_json, "w") as f:
             json.dump(summary, f, indent=1)
     return 0
+
+
+class _Stopped(Exception):
+    """The launcher was sent ``signum`` (SIGTERM): raised in its main thread, as Ctrl-C raises KeyboardInterrupt."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, _frame: Any) -> None:
+    raise _Stopped(signum)
 
 
 def _print_summary(s: dict[str, Any]) -> None:

@@ -185,16 +185,26 @@ class LocalRun:
         return doc if isinstance(doc, dict) else None
 
     def terminate(self) -> None:
-        for w in self.pool:
-            if w.proc.poll() is None:
-                os.killpg(w.proc.pid, signal.SIGTERM)
+        """Stop every worker still running as the kubelet stops a deleted pod's: SIGTERM to the trainer alone
+        (it finishes its step, ends its loader's processes and leaves), SIGKILL to its whole process group
+        10 s later. (SIGTERM to the group killed the loader's processes under the trainer, leaving their
+        multiprocessing directories behind.)"""
+        alive = [w for w in self.pool if w.proc.poll() is None]
+        if not alive:
+            return
+        self._say(f"stopping {len(alive)} worker{'s' if len(alive) > 1 else ''}: SIGTERM, SIGKILL 10 s on")
+        for w in alive:
+            os.kill(w.proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
-        for w in self.pool:
+        killed = 0
+        for w in alive:
             try:
                 w.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 os.killpg(w.proc.pid, signal.SIGKILL)
                 w.proc.wait()
+                killed += 1
+        self._say(f"workers stopped{f' ({killed} killed)' if killed else ''}; logs: {self.run_dir}")
 
     # --- the authority loop --------------------------------------------------------------
     def run(self) -> dict[str, Any]:

@@ -142,5 +142,11 @@ class BatchLoader:
         self._it = iter(loader)
 
     def close(self) -> None:
-        self._it = None  # the iterator's workers exit when it is collected
+        """End the worker processes now. Left to the iterator's collection, they outlived a trainer stopped by
+        SIGTERM (the iterator sits in reference cycles that only the cyclic collector frees), and the trainer's
+        log ended in resource_tracker's warning of leaked semaphores."""
+        it, self._it = self._it, None
+        shutdown = getattr(it, "_shutdown_workers", None)  # what torch's own __del__ calls; idempotent
+        if shutdown is not None:
+            shutdown()
         self._pending.clear()
