@@ -35,8 +35,8 @@ error and the next one still runs:
 OUTDIR gets four files: results.jsonl, one JSON line per phase as each ends (flushed), then a
 summary line; proof.log, the human log; plain_kernels.txt, the profiler's table; and logs.tar.gz,
 the work directory's logs (each phase's output, its runs' manifests, launcher and worker logs,
-summaries; no checkpoints), packed again after every phase. The work directory (--workdir, default
-a new one under /tmp) holds the rest. ``--smoke`` runs the same phases with a tiny model on the CPU over gloo
+summaries; no checkpoints), packed again after every phase. The work directory holds the rest: --workdir
+names one to keep, else a new one under /tmp is made and removed at the end. ``--smoke`` runs the same phases with a tiny model on the CPU over gloo
 (about 3 minutes on a 2-core machine), to exercise this script where there is no GPU.
 """
 
@@ -47,6 +47,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -109,9 +110,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(0)  # the result is on disk: no interpreter finalisation (CUDA, NCCL and compile workers' teardown)
     default = 240.0 if args.smoke else 460.0
-    return drive(out, work, args.smoke, args.deadline or default, [s for s in args.phases.split(",") if s],
-                 cap_scale=max(1.0, (args.deadline or default) / default),
-                 may_stretch=args.smoke and args.deadline is None)
+    rc = drive(out, work, args.smoke, args.deadline or default, [s for s in args.phases.split(",") if s],
+               cap_scale=max(1.0, (args.deadline or default) / default),
+               may_stretch=args.smoke and args.deadline is None)
+    if not args.workdir:  # one made here: its logs are in logs.tar.gz, the rest (checkpoints) is not wanted
+        shutil.rmtree(work, ignore_errors=True)
+    return rc
 
 
 class Log:
