@@ -66,8 +66,8 @@ def line(job: dict, t0: float) -> str:
     acc = p.get("accuracy")
     rep = s.get("replacements", {})
     return (f"[{time.monotonic() - t0:5.1f}s] {s.get('phase', '-'):<10} ready {r.get('summary', '-'):<5} "
-            f"step {p.get('step', 0):>5}  loss {loss if loss is None else f'{loss:.4f}'}"
-            f"  acc {acc if acc is None else f'{acc:.3f}'}  world v{w.get('version', 0)}x{w.get('size', 0)}"
+            f"step {p.get('step', 0):>5}  loss {'-' if loss is None else f'{loss:.4f}'}"
+            f"  acc {'-' if acc is None else f'{acc:.3f}'}  world v{w.get('version', 0)}x{w.get('size', 0)}"
             f"  replaced {rep.get('failure', 0)} failed / {rep.get('straggler', 0)} slow")
 
 

@@ -372,8 +372,9 @@ class LocalRun:
         sps, loss = p.get("samplesPerSecond") or 0.0, p.get("loss")
         eta = f" eta {p['etaSeconds']}s" if p.get("etaSeconds") is not None else ""  # the trainer's estimate
         acc = f" acc {p['accuracy']:.3f}" if p.get("accuracy") is not None else ""
-        self._say(f"step {step}/{total or '?'} epoch {p.get('epoch', 0)} loss {loss if loss is None else round(loss, 4)}"
-                  f"{acc} {sps:.0f} samples/s world v{p.get('worldVersion')}x{p.get('worldSize')}{eta}")
+        size = p.get("worldSize")  # "-": not known yet (before the first step)
+        self._say(f"step {step}/{total or '?'} epoch {p.get('epoch', 0)} loss {'-' if loss is None else round(loss, 4)}"
+                  f"{acc} {sps:.0f} samples/s world v{p.get('worldVersion')}x{size or '-'}{eta}")
 
     def _summary(self) -> dict[str, Any]:
         rank0 = self.members[0]
