@@ -212,6 +212,41 @@ def test_a_trainer_and_its_loader_workers_leave_no_multiprocessing_temp_dirs(tmp
 
 
 
+_CHILD_EXITS = """
+import multiprocessing
+import multiprocessing.util
+import os
+from cohort.trainer.runtime.exit import exit_process
+
+
+def child():
+    exit_process(0)  # as a spawned test rank or calibration worker ends
+
+
+if __name__ == "__main__":
+    mine = multiprocessing.util.get_temp_dir()
+    p = multiprocessing.get_context("spawn").Process(target=child)
+    p.start()
+    p.join()
+    print(p.exitcode, os.path.isdir(mine), flush=True)
+"""
+
+
+def test_a_child_that_exits_with_exit_process_leaves_its_parents_temp_dir_alone(tmp_path):
+    """A process multiprocessing started inherits its parent's ``pymp-*`` directory (not its removal): its
+    ``exit_process`` must not remove it from under the parent, which made it and is still running."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "child_exits.py"
+    script.write_text(_CHILD_EXITS)
+    p = subprocess.run([sys.executable, str(script)], env={**os.environ, "TMPDIR": str(tmp_path)},
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.split() == ["0", "True"], p
+    assert "Traceback" not in p.stderr, p.stderr  # the parent's own removal at exit found its directory
+    assert not list(tmp_path.glob("pymp-*"))
+
 @pytest.mark.parametrize("how", ["pidfd", "proc"])
 def test_a_trainer_that_exited_and_was_not_reaped_counts_as_gone(how, monkeypatch):
     """The loader workers' watch on the trainer: a zombie (exited, its parent has not waited for it yet) has

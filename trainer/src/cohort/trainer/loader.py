@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from .runtime.exit import remove_multiprocessing_temp_dir
+from .runtime.exit import run_multiprocessing_exit_cleanups
 from .workloads.splits import Split
 
 # The fork server imports these once; each worker it forks starts with them imported.
@@ -57,7 +57,7 @@ def _exit_with(trainer_pid: int, _worker_id: int) -> None:
     """
     def watch() -> None:
         _wait_exited(trainer_pid)
-        remove_multiprocessing_temp_dir()
+        run_multiprocessing_exit_cleanups()
         os._exit(0)
 
     threading.Thread(target=watch, name="cohort-loader-watchdog", daemon=True).start()

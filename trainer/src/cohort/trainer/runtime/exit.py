@@ -7,7 +7,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import sys
 import threading
 import time
@@ -53,28 +52,39 @@ def exit_process(rc: int = 0) -> NoReturn:
       while the main thread is in ``Py_FinalizeEx`` (torch 2.13, Python 3.11).
 
     ``os._exit`` skips the exit handlers, so what they would clean up is cleaned up here:
-    :func:`remove_multiprocessing_temp_dir`.
+    :func:`run_multiprocessing_exit_cleanups`.
     """
-    remove_multiprocessing_temp_dir()
+    run_multiprocessing_exit_cleanups()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(rc)
 
 
-def remove_multiprocessing_temp_dir() -> None:
-    """Remove this process's ``pymp-*`` directory, if multiprocessing made one.
+def run_multiprocessing_exit_cleanups() -> None:
+    """Run the exit handlers of multiprocessing that ``os._exit`` skips and that matter after it: the removal of
+    this process's ``pymp-*`` directory, if this process made it, and the unlinking of the semaphores it made.
 
     multiprocessing makes it (under ``$TMPDIR``) for the Unix sockets it listens on (the data loader's fork
     server's; the resource sharer's, in a process that sent a tensor to another, such as a loader worker) and
     removes it in an exit handler, which ``os._exit`` skips: every local run with loader workers left one per
-    trainer and one per loader worker behind. The fork server holds its socket open, not its path, and it exits
-    when the trainer does.
+    trainer and one per loader worker behind. That handler is run here. A process that multiprocessing started
+    inherits its parent's directory but not the handler, and leaves it alone: removing it there took the
+    directory, fork server socket included, from under a parent still running (pytest's, once a spawned test
+    rank exited through :func:`exit_process`). The fork server holds its socket open, not its path, and it
+    exits when the trainer does.
     """
-    process = sys.modules.get("multiprocessing.process")
-    tempdir = process.current_process()._config.get("tempdir") if process else None
-    if tempdir:
-        shutil.rmtree(tempdir, ignore_errors=True)
+    util = sys.modules.get("multiprocessing.util")
+    if util is None:
+        return
+    synchronize = sys.modules.get("multiprocessing.synchronize")
+    # The semaphores this process made (a loader's queues): unlinked and unregistered from the resource tracker,
+    # as at a normal exit; those still referenced at os._exit were reported as leaked by the tracker.
+    cleanups = {util._remove_temp_dir} | ({synchronize.SemLock._cleanup} if synchronize else set())
+    for finalizer in sorted(util._finalizer_registry.values(), key=lambda f: -(f._key[0] or 0)):
+        if getattr(finalizer, "_callback", None) in cleanups:
+            with contextlib.suppress(OSError):
+                finalizer()  # does its work and leaves the registry
 
 
 # How often the watcher of :func:`exit_if_stuck` looks whether the block was superseded.
