@@ -35,6 +35,7 @@ share a GPU time-slice it: their throughput is a lower bound, not a benchmark.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import random
@@ -180,7 +181,7 @@ class LocalRun:
         try:
             with urllib.request.urlopen(f"http://{w.ip}:{self.cfg.metrics_port}/progress", timeout=0.5) as r:
                 doc = json.load(r)
-        except (OSError, ValueError):
+        except (OSError, ValueError, http.client.HTTPException):  # a worker dying mid-answer: IncompleteRead
             return None
         return doc if isinstance(doc, dict) else None
 
