@@ -52,8 +52,9 @@ def _exit_with(trainer_pid: int, _worker_id: int) -> None:
     torch's workers watch their parent process, which here is the fork server; it
     outlives the trainer, and so did the workers (every local run left one worker,
     its fork server and a resource tracker per rank behind). This thread watches the
-    trainer instead; once the workers exit, the fork server and the tracker follow. A worker that sent a
-    batch has a multiprocessing temp dir (its resource sharer's socket), which ``os._exit`` would leave.
+    trainer instead; once the workers exit, the fork server and the tracker follow. A worker started before the
+    trainer had a multiprocessing temp dir makes its own (its resource sharer's socket, once it sent a batch),
+    which ``os._exit`` would leave; a later one uses the trainer's and leaves it to the trainer.
     """
     def watch() -> None:
         _wait_exited(trainer_pid)
