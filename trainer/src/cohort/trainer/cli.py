@@ -73,9 +73,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         rc = 143
     # The loader's worker processes end now, while the trainer still answers them. Left to notice that it
     # is gone, a worker receiving a step's indices then can print a traceback, and every run's log ended in
-    # "resource_tracker: There appear to be 11 leaked semaphore objects to clean up at shutdown": the queues'
-    # semaphores are unlinked when collected, and the old iterators sit in reference cycles (os._exit collects
-    # nothing).
+    # "resource_tracker: There appear to be 11 leaked semaphore objects to clean up at shutdown" (the queues'
+    # semaphores are released when collected; os._exit collects nothing). The collection here, in this
+    # thread, frees whatever else sits in reference cycles before exit_process stops the collector.
     trainer.loader.close()
     gc.collect()
     # The checkpoint is committed and the summary written: exit without interpreter
