@@ -110,4 +110,3 @@ def test_a_finished_run_leaves_no_loader_process_temp_dir_or_warning_behind(tmp_
     for log in logs:
         text = log.read_text()
         assert "Warning" not in text and "Traceback" not in text, (log.name, text[-2000:])
-

@@ -89,4 +89,3 @@ def test_a_stopped_local_launcher_stops_its_workers_and_says_so(tmp_path, sig):
     for log in logs:
         text = log.read_text()
         assert "stopped by SIGTERM" in text and "Warning" not in text, (log.name, text[-2000:])
-

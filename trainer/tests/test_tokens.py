@@ -169,6 +169,7 @@ def test_the_loaders_worker_processes_hold_none_of_the_trainers_sockets():
         again.close()
         loader.close()
 
+
 def test_a_closed_loader_has_released_its_queues_semaphores():
     """``close`` returns once the semaphores of the loader's queues are unlinked and unregistered from the
     resource tracker. An index queue's last references to them are its feeder thread's, which ends after
@@ -238,7 +239,6 @@ def test_a_trainer_and_its_loader_workers_leave_no_multiprocessing_temp_dirs(tmp
     assert not list(tmp.glob("pymp-*")), [sorted(os.listdir(d)) for d in tmp.glob("pymp-*")]
 
 
-
 _CHILD_EXITS = """
 import multiprocessing
 import multiprocessing.util
@@ -273,6 +273,7 @@ def test_a_child_that_exits_with_exit_process_leaves_its_parents_temp_dir_alone(
     assert p.returncode == 0 and p.stdout.split() == ["0", "True"], p
     assert "Traceback" not in p.stderr, p.stderr  # the parent's own removal at exit found its directory
     assert not list(tmp_path.glob("pymp-*"))
+
 
 @pytest.mark.parametrize("how", ["pidfd", "proc"])
 def test_a_trainer_that_exited_and_was_not_reaped_counts_as_gone(how, monkeypatch):
