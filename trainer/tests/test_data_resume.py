@@ -47,16 +47,21 @@ def test_every_sample_once_per_epoch_across_a_restart_and_2_3_2_workers(tmp_path
     m, ck = job(shards), tmp_path / "ck"
 
     (tmp_path / "a").mkdir()
+    # The killed trainers cannot remove their loader's temp dirs (pymp-*): they go under tmp_path, not /tmp.
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     # Both workers SIGKILL themselves at step 35 (a kill at a known step: waiting for a checkpoint's marker
     # and then killing raced the asynchronous commit); without replacements the launcher gives up.
     proc = start_local(tmp_path / "a", m, workers=2, ckpt=ck, extra=["--no-replace"],
-                       env={"COHORT_SAMPLE_LOG": str(tmp_path / "log-a"), "COHORT_FAULT_KILL": "rank=all,step=35"})
+                       env={"COHORT_SAMPLE_LOG": str(tmp_path / "log-a"), "COHORT_FAULT_KILL": "rank=all,step=35",
+                            "TMPDIR": str(tmp)})
     assert proc.wait(timeout=240) != 0
     kill_tree(proc)
     assert (ck / "resume/step-00000020/COMMITTED").exists()
 
     s = run_local(tmp_path / "b", m, workers=3, ckpt=ck, extra=["--no-replace"],
-                  env={"COHORT_SAMPLE_LOG": str(tmp_path / "log-b"), "COHORT_FAULT_KILL": "rank=1,step=55"})
+                  env={"COHORT_SAMPLE_LOG": str(tmp_path / "log-b"), "COHORT_FAULT_KILL": "rank=1,step=55",
+                       "TMPDIR": str(tmp)})
     assert s["step"] == EPOCHS * STEPS_PER_EPOCH, s
 
     recs = records(tmp_path / "log-a", 0) + records(tmp_path / "log-b", 1)
