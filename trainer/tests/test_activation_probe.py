@@ -234,6 +234,23 @@ def test_strategy_auto_plans_with_the_measured_activations():
         plan_for(spec, model, 1, Hardware(memory_bytes=memory))  # no samples: the fp32 count rejects it
 
 
+def test_strategy_auto_costs_a_bf16_jobs_fsdp_plans_with_bf16_parameters():
+    """Each split is costed on the activations it runs with: fp32 parameters under autocast where the model is
+    replicated, bf16 parameters and inputs where FSDP shards it (its MixedPrecisionPolicy)."""
+    spec, model = lm_spec(precision="bf16"), transformer()
+    replicated, _ = memory_profile(spec, model, REPLICAS, CPU, PROBE)
+    sharded, _ = memory_profile(spec, model, ParallelDims(dp=2), CPU, PROBE)
+    assert replicated is not None and sharded is not None
+    _best, ranked = plan_for(spec, model, 2, Hardware(memory_bytes=2 ** 40), probe=PROBE, device=CPU)
+    assert {c.dims.fully_sharded for c in ranked} == {True, False}
+    for c in ranked:
+        own = memory_per_device(sharded if c.dims.fully_sharded else replicated, c.dims, 16, "adamw").total
+        other = memory_per_device(replicated if c.dims.fully_sharded else sharded, c.dims, 16, "adamw").total
+        assert c.memory.total == own, c.dims.describe()
+        if c.dims.fully_sharded:
+            assert own < other, c.dims.describe()  # bf16 blocks keep less than fp32 ones under autocast
+
+
 @pytest.mark.parametrize("make,probe,answers", [(transformer, PROBE, 0), (lambda: UsersModel(as_tuple=True),
                                                                          USERS_PROBE, 1)])
 def test_the_rest_measures_the_same_on_a_copy_without_the_blocks(make, probe, answers):

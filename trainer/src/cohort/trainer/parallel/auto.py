@@ -88,19 +88,24 @@ def plan_for(spec: TrainingJobSpec, model: nn.Module, world_size: int, hw: Hardw
     The global batch is the one data parallelism would use on this world
     (``batchSize x world_size``); ``parallelism.tensor``/``pipeline`` above 1
     pin those degrees. With ``probe`` and a known device memory, the activations are measured on ``device`` in
-    the job's precision (memory_budget.memory_profile), once, with fp32 parameters under autocast: for FSDP plans
-    in bf16, whose parameters and block inputs are bf16, a little more than they keep.
+    the job's precision (memory_budget.memory_profile): with fp32 parameters under autocast for the plans that
+    replicate them, and for a bf16 job's FSDP plans again with bf16 parameters and block inputs, as their
+    MixedPrecisionPolicy runs them.
     """
     hw = hw or load_hardware()
-    profile = profile_model(model, sample)
+    profile, sharded = profile_model(model, sample), None
     if probe is not None and hw.memory_bytes:
-        measured, _why = memory_profile(spec, model, ParallelDims(dp_mode="ddp"), device or torch.device("cpu"), probe)
+        device = device or torch.device("cpu")
+        measured, _why = memory_profile(spec, model, ParallelDims(dp_mode="ddp"), device, probe)
         profile = measured or profile
+        if spec.workload.precision == "bf16" and world_size > 1:
+            sharded, _why = memory_profile(spec, model, ParallelDims(dp=world_size), device, probe)
     opt = spec.workload.optimizer
     p = spec.parallelism
     candidates = rank_plans(world_size, profile, hw, spec.workload.batch_size * world_size, opt.name,
                             opt.momentum, tp=p.tensor if p.tensor > 1 else None,
-                            pp=p.pipeline if p.pipeline > 1 else None, ac=spec.workload.activation_checkpointing)
+                            pp=p.pipeline if p.pipeline > 1 else None, ac=spec.workload.activation_checkpointing,
+                            sharded_profile=sharded)
     best = best_plan(candidates)
     if best is None:
         reason = candidates[0].rejected if candidates else "no dp x tp x pp split of this model fits the world"

@@ -101,7 +101,7 @@ def memory_profile(spec: TrainingJobSpec, model: nn.Module | None, dims: Paralle
     fallback = (counted, "the planner's fp32 count") if counted else (None, "its activations are not measured")
     if probe is None:
         return fallback[0], f"{fallback[1]}: no sample to measure with"
-    sharded_bf16 = spec.workload.precision == "bf16" and dims.dp_mode == "fsdp" and dims.dp > 1
+    sharded_bf16 = spec.workload.precision == "bf16" and dims.fully_sharded
     try:
         acts = _measured(model, probe, device, spec.workload.precision,
                          torch.bfloat16 if sharded_bf16 else torch.float32)

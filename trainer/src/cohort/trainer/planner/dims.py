@@ -34,6 +34,12 @@ class ParallelDims:
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp
 
+    @property
+    def fully_sharded(self) -> bool:
+        """FSDP2 shards the model over dp (parallelize applies it when dp > 1): a bf16 job's blocks then compute
+        with bf16 parameters (its MixedPrecisionPolicy), not with autocast's copies of fp32 ones."""
+        return self.dp_mode == "fsdp" and self.dp > 1
+
     def describe(self) -> str:
         parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}"]
         if self.pp > 1:

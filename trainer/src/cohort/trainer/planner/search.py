@@ -59,17 +59,20 @@ def enumerate_plans(n: int, profile: ModelProfile, global_batch: int, *, tp: int
 
 def rank_plans(n: int, profile: ModelProfile, hw: Hardware, global_batch: int, optimizer: str = "adamw",
                momentum: float = 0.9, *, tp: int | None = None, pp: int | None = None,
-               ac: str = "none") -> list[Candidate]:
+               ac: str = "none", sharded_profile: ModelProfile | None = None) -> list[Candidate]:
     """Feasible plans fastest first, then the rejected ones (each with its reason).
 
     ``ac`` is the activation checkpointing of every plan, or ``auto``: each plan gets the first of none,
-    selective and full under which it fits the device's memory (full when none does, then rejected)."""
+    selective and full under which it fits the device's memory (full when none does, then rejected).
+    ``sharded_profile``: the profile of the plans FSDP shards (``ParallelDims.fully_sharded``), when their
+    activations differ (a bf16 job's, measured with bf16 parameters); else ``profile`` serves every plan."""
     out = []
     for plain in enumerate_plans(n, profile, global_batch, tp=tp, pp=pp):
-        dims = fitting_checkpointing(profile, plain, global_batch, hw, optimizer, momentum) if ac == "auto" \
+        profile_of = sharded_profile if sharded_profile is not None and plain.fully_sharded else profile
+        dims = fitting_checkpointing(profile_of, plain, global_batch, hw, optimizer, momentum) if ac == "auto" \
             else replace(plain, ac=ac)
-        mem = memory_per_device(profile, dims, global_batch, optimizer, momentum)
-        t = step_time(profile, dims, global_batch, hw, optimizer, momentum)
+        mem = memory_per_device(profile_of, dims, global_batch, optimizer, momentum)
+        t = step_time(profile_of, dims, global_batch, hw, optimizer, momentum)
         reason = ""
         if hw.memory_bytes and mem.total > hw.memory_bytes:
             reason = f"needs {_gib(mem.total)} per device, over the {_gib(hw.memory_bytes)} available"
