@@ -239,6 +239,37 @@ def test_a_trainer_and_its_loader_workers_leave_no_multiprocessing_temp_dirs(tmp
     assert not list(tmp.glob("pymp-*")), [sorted(os.listdir(d)) for d in tmp.glob("pymp-*")]
 
 
+_WORKER_LEAVES_AS_THE_TRAINER_DIES = """
+import multiprocessing.util as util
+import os
+import subprocess
+import sys
+import time
+
+from cohort.trainer.loader import _exit_with
+
+trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+_exit_with(trainer.pid, 0)  # the worker's init: its watchdog waits for the trainer
+# A slow exit handler: the watchdog fires (at 0.5 s) while the main thread is inside it.
+util.Finalize(None, lambda: (time.sleep(2), open(sys.argv[1], "w").close()), exitpriority=-50)
+util._exit_function()  # the main thread leaves as a worker does: multiprocessing's exit handlers,
+os._exit(3)  # then the fork server's os._exit
+"""
+
+
+def test_a_loader_workers_watchdog_waits_for_an_exit_already_under_way(tmp_path):
+    """A worker whose trainer died fails to fetch its next indices and leaves by its main thread while the
+    watchdog sees the trainer gone: the watchdog's ``os._exit`` must not cut the main thread's exit handlers
+    short (it did, midway through removing the worker's pymp-* directory: 4 runs in 13 of the test above)."""
+    import subprocess
+    import sys
+
+    script, done = tmp_path / "worker.py", tmp_path / "handlers-done"
+    script.write_text(_WORKER_LEAVES_AS_THE_TRAINER_DIES)
+    p = subprocess.run([sys.executable, str(script), str(done)], capture_output=True, text=True, timeout=120)
+    assert (p.returncode, done.exists()) == (3, True), p.stderr[-2000:]
+
+
 _CHILD_EXITS = """
 import multiprocessing
 import multiprocessing.util

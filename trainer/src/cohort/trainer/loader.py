@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import multiprocessing.util
 import os
 import select
 import threading
@@ -49,6 +50,15 @@ _CONTEXT.set_forkserver_preload(["torch", "cohort.trainer.loader", "cohort.train
 _FEEDER_JOIN_S = 2.0
 
 
+# A loader worker has two ways out, each of which cleans up and then ends the process with ``os._exit``: its main
+# thread's (multiprocessing's exit handlers once torch's worker loop returns or raises, then the fork server's
+# ``os._exit``) and the watchdog's, once the trainer is gone. The first to start holds this lock for good: the
+# other, started meanwhile (a worker whose trainer died fails to fetch its next indices from the trainer and
+# exits at once), would end the process halfway through the first's cleanup, and its pymp-* directory was left.
+_EXITING = threading.Lock()
+_FIRST = 1 << 30  # an exit priority above any of multiprocessing's: taken before its exit handlers run
+
+
 def _exit_with(trainer_pid: int, _worker_id: int) -> None:
     """A DataLoader worker's init: exit when the trainer is gone.
 
@@ -61,9 +71,11 @@ def _exit_with(trainer_pid: int, _worker_id: int) -> None:
     """
     def watch() -> None:
         _wait_exited(trainer_pid)
+        _EXITING.acquire()
         run_multiprocessing_exit_cleanups()
         os._exit(0)
 
+    multiprocessing.util.Finalize(None, _EXITING.acquire, exitpriority=_FIRST)
     threading.Thread(target=watch, name="cohort-loader-watchdog", daemon=True).start()
 
 
