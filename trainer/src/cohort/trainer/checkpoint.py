@@ -28,7 +28,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from .log import get_logger
-from .staging import BackgroundStager, has_dtensor
+from .staging import BackgroundStager, default_stager, default_stager_reusable, has_dtensor
 
 log = get_logger(__name__)
 # DCP warns at a process's first save or load with ``no_dist`` that it is "assuming the intent is to save (load) in a
@@ -130,16 +130,10 @@ class Checkpointer:
         """Stage (copy) the state in the background: training blocks only if it needs to update
         the parameters before the copy is done (see :meth:`before_update` and staging.py)."""
         kind = "sharded" if has_dtensor(state) else "local"
+        if kind == "sharded" and kind in self._stagers and not default_stager_reusable():
+            self._stagers.pop(kind).close()  # its one save is done (save() waited for it): torch 2.11 stages once
         if kind not in self._stagers:
-            if kind == "local":
-                self._stagers[kind] = BackgroundStager()
-            else:
-                from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-                cuda = torch.cuda.is_available()
-                self._stagers[kind] = DefaultStager(StagingOptions(
-                    use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True,
-                    use_non_blocking_copy=cuda))
+            self._stagers[kind] = BackgroundStager() if kind == "local" else default_stager(torch.cuda.is_available())
         return self._stagers[kind]
 
     def save(self, step: int, state: dict[str, Any], meta: dict[str, Any], *, coordinator: bool = True,
@@ -178,7 +172,7 @@ class Checkpointer:
         try:
             self._staging.result()
         except Exception as e:  # reported again by the upload future
-            log.error("checkpoint staging failed", extra={"error": str(e)})
+            log.error("checkpoint staging failed", extra={"error": _named(e)})
         self._staging = None
         blocked = time.perf_counter() - t0
         self._stall += blocked
@@ -192,11 +186,11 @@ class Checkpointer:
     def _on_written(self, fut: Future, step: int, meta: dict[str, Any], coordinator: bool, started: float) -> None:
         try:
             if fut.exception() is not None:
-                log.error("checkpoint write failed", extra={"step": step, "error": str(fut.exception())})
+                log.error("checkpoint write failed", extra={"step": step, "error": _named(fut.exception())})
             elif coordinator:
                 self._commit(step, meta, started)
         except Exception as e:  # never let a callback thread die silently
-            log.error("checkpoint commit failed", extra={"step": step, "error": str(e)})
+            log.error("checkpoint commit failed", extra={"step": step, "error": _named(e)})
         finally:
             self._done.set()
 
@@ -248,3 +242,9 @@ class Checkpointer:
         if extra:
             dcp.load(extra, storage_reader=self._reader(step), planner=DefaultLoadPlanner(allow_partial_load=True),
                      **kwargs)
+
+
+def _named(e: BaseException | None) -> str:
+    """An error as the log says it: its type too (torch 2.11's stager failed with "<class 'type'>" alone, a
+    KeyError's text)."""
+    return f"{type(e).__name__}: {e}"

@@ -9,10 +9,17 @@ Large tensor copies release the GIL, so the copy overlaps forward and
 backward. It implements torch's ``AsyncStager`` protocol; sharded (DTensor)
 states use torch's ``DefaultStager`` instead, since copying a DTensor may
 need collectives that must not run on a background thread.
+
+One ``DefaultStager`` serves every save where torch allows it (its pinned buffers are kept between saves).
+torch 2.11's cannot stage twice: it clears its copier's dispatch table at the end of each stage, and the next
+save through it fails with ``KeyError(<class 'type'>)`` (pytorch/pytorch issue 183413, a regression of 2.11.0,
+fixed by pull request 183424; torch 2.13's stages again). The GPU machines lent so far run 2.11.
+:func:`default_stager_reusable` finds out which, once per process, by staging a one-element dict twice.
 """
 
 from __future__ import annotations
 
+import functools
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -59,3 +66,28 @@ def has_dtensor(obj: Any) -> bool:
     if isinstance(obj, (list, tuple)):
         return any(has_dtensor(v) for v in obj)
     return False
+
+
+def default_stager(cuda: bool) -> Any:
+    """torch's stager for sharded states: staged in its own thread, into pinned memory on a GPU worker."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True,
+                                        use_non_blocking_copy=cuda))
+
+
+@functools.cache
+def default_stager_reusable() -> bool:
+    """Whether one ``DefaultStager`` can stage more than one save with this torch (the module's docstring)."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
+                                          use_async_staging=False, use_non_blocking_copy=False))
+    try:
+        for _ in range(2):
+            stager.stage({"probe": torch.zeros(1)})
+        return True
+    except KeyError:
+        return False
+    finally:
+        stager.close()
