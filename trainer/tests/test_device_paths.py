@@ -103,9 +103,12 @@ def _train_cases(rank: int, world: int, cases: list[tuple[str, dict[str, Any]]],
             placed = all(on_device(p) for p in trainer.model.parameters())
             state = [v for s in trainer.optimizer.state.values() for v in s.values()
                      if isinstance(v, torch.Tensor) and v.dim() > 0]
-            final = [p.detach().reshape(-1).to("cpu") for p in trainer.model.parameters()]
+            # A replicated plan's parameters, flat; a sharded plan's DTensors are not flattened (torch 2.11
+            # refuses a view across a sharded dimension).
+            final = torch.cat([p.detach().reshape(-1).to("cpu") for p in trainer.model.parameters()]) \
+                if trainer.plan.replicated else None
             out[name] = {"step": summary["step"], "device": summary["device"], "params_on_device": placed,
-                         "params": torch.cat(final) if trainer.plan.replicated else None,
+                         "params": final,
                          "optimizer_on_device": all(on_device(v) for v in state), "collectives": list(sim.collectives),
                          "error": None}
         except Exception as e:
