@@ -277,20 +277,21 @@ def test_calibration_file_round_trip(tmp_path):
 
 
 # --- cohort plan ---------------------------------------------------------------------------------------
-def _manifest(tmp_path):
+def _manifest(tmp_path, precision="fp32"):
     path = tmp_path / "job.yaml"
-    path.write_text("""apiVersion: cohort.dev/v1alpha1
+    path.write_text(f"""apiVersion: cohort.dev/v1alpha1
 kind: TrainingJob
-metadata: {name: big}
+metadata: {{name: big}}
 spec:
   workload:
     model: transformer
-    modelArgs: {dim: 1024, n_layers: 8, n_heads: 16}
+    modelArgs: {{dim: 1024, n_layers: 8, n_heads: 16}}
     dataset: synthetic-lm
-    datasetArgs: {seq_len: 512, vocab: 8192}
+    datasetArgs: {{seq_len: 512, vocab: 8192}}
     maxSteps: 10
     batchSize: 4
-    optimizer: {name: adamw, lr: 0.001}
+    precision: {precision}
+    optimizer: {{name: adamw, lr: 0.001}}
 """)
     return path
 
@@ -311,6 +312,16 @@ def test_cohort_plan_prints_a_ranked_table(tmp_path):
     d, f, v, t = 1024, 4096, 8192, 512
     params = 8 * (4 * d * d + 2 * d * f + f + d + 4 * d) + (v * d + t * d) + (2 * d + d * v)
     assert math.isclose(float(out.split("M parameters")[0].split()[-1]), params / 1e6, abs_tol=0.01)
+
+
+def test_cohort_plan_says_a_bf16_jobs_memory_is_counted_in_fp32(tmp_path):
+    args = ("--gpus", "2", "--calibration", str(save_hardware(Hardware(), tmp_path / "cal.json")))
+    bf16 = _cohort("plan", str(_manifest(tmp_path, "bf16")), *args)
+    assert bf16.returncode == 0, bf16.stderr
+    assert "memory     counted in fp32; this job runs bf16" in bf16.stdout
+    fp32 = _cohort("plan", str(_manifest(tmp_path)), *args)
+    assert fp32.returncode == 0, fp32.stderr
+    assert "counted in fp32" not in fp32.stdout
 
 
 def test_cohort_plan_refuses_bad_input(tmp_path):

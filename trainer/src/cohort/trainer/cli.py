@@ -188,6 +188,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
           f"{hw.device_flops / 1e12:.3f} TFLOP/s per device"
           + (f", {hw.host_flops / 1e12:.3f} TFLOP/s shared per host" if hw.host_flops else "")
           + (f", {hw.memory_bytes / 2 ** 30:.1f} GiB per device" if hw.memory_bytes else ""))
+    if w.precision == "bf16":  # the planner's count runs no model: a bf16 job's devices keep less than it says
+        print("memory     counted in fp32; this job runs bf16, which keeps less: strategy auto measures it on the "
+              "device and may choose less checkpointing (docs/parallelism.md#activation-checkpointing)")
     print()
     print(format_table(candidates, limit=args.top))
     chosen = next((c for c in candidates if not c.rejected), None)
