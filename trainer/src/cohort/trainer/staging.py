@@ -68,21 +68,19 @@ def has_dtensor(obj: Any) -> bool:
     return False
 
 
-def default_stager(cuda: bool) -> Any:
-    """torch's stager for sharded states: staged in its own thread, into pinned memory on a GPU worker."""
+def default_stager(cuda: bool, *, asynchronous: bool = True) -> Any:
+    """torch's stager for sharded states: staged in its own thread (unless not ``asynchronous``), into pinned
+    memory on a GPU worker."""
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-    return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True,
-                                        use_non_blocking_copy=cuda))
+    return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                        use_async_staging=asynchronous, use_non_blocking_copy=cuda))
 
 
 @functools.cache
 def default_stager_reusable() -> bool:
     """Whether one ``DefaultStager`` can stage more than one save with this torch (the module's docstring)."""
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-    stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
-                                          use_async_staging=False, use_non_blocking_copy=False))
+    stager = default_stager(False, asynchronous=False)
     try:
         for _ in range(2):
             stager.stage({"probe": torch.zeros(1)})
