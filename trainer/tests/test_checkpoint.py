@@ -183,10 +183,6 @@ def _sharded_saves(rank: int, world: int, root: str, stage_once: bool) -> list[i
     mesh = init_device_mesh("cpu", (world,))
     group = dist.new_group(backend="gloo")  # the saves' own, as the trainer's plans have (Plan.checkpoint_group)
     ck = Checkpointer(root, keep=3, async_save=True)
-    # The stager's first op on a DTensor, once in this thread: torch 2.11 crashed (SIGSEGV, in FakeTensorMode's
-    # __enter__) propagating its sharding for the first time in the staging thread. A trained state has been
-    # through it (test_resharding.py's fsdp, tensor and hybrid saves, after two steps, staged on 2.11).
-    DTensor.from_local(torch.zeros(2, 4), mesh, [Shard(0)]).new_empty([], device="cpu")
     for step in (1, 2, 3):
         w = DTensor.from_local(torch.full((2, 4), float(step)), mesh, [Shard(0)])
         ck.save(step, {"model": {"w": w}}, {}, coordinator=rank == 0, group=group, sharded=True)
@@ -200,7 +196,9 @@ def _sharded_saves(rank: int, world: int, root: str, stage_once: bool) -> list[i
 @pytest.mark.parametrize("stage_once", [False, True])
 def test_every_sharded_async_save_commits_with_a_stager_that_stages_once(tmp_path, stage_once):
     """torch 2.11's DefaultStager fails its second save with KeyError(<class 'type'>); the GPU machines lent so
-    far run 2.11. Such a stager is found out and a new one made for each save."""
+    far run 2.11. Such a stager is found out and a new one made for each save. The saves are the processes' first
+    DTensor ops after from_local: on torch 2.11 without a GPU the first save crashed (SIGSEGV) unless the saving
+    thread propagated a DTensor op before the staging thread did (staging.propagate_in_this_thread)."""
     from gloo_ranks import run_ranks
 
     assert run_ranks(_sharded_saves, 2, str(tmp_path / "job"), stage_once) == [[1, 2, 3], [1, 2, 3]]

@@ -28,7 +28,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from .log import get_logger
-from .staging import BackgroundStager, default_stager, default_stager_reusable, has_dtensor
+from .staging import BackgroundStager, default_stager, default_stager_reusable, first_dtensor, propagate_in_this_thread
 
 log = get_logger(__name__)
 # DCP warns at a process's first save or load with ``no_dist`` that it is "assuming the intent is to save (load) in a
@@ -129,9 +129,12 @@ class Checkpointer:
     def _async_stager(self, state: dict[str, Any]) -> Any:
         """Stage (copy) the state in the background: training blocks only if it needs to update
         the parameters before the copy is done (see :meth:`before_update` and staging.py)."""
-        kind = "sharded" if has_dtensor(state) else "local"
+        dtensor = first_dtensor(state)
+        kind = "local" if dtensor is None else "sharded"
         if kind == "sharded" and kind in self._stagers and not default_stager_reusable():
             self._stagers.pop(kind).close()  # its one save is done (save() waited for it): torch 2.11 stages once
+        if dtensor is not None:
+            propagate_in_this_thread(dtensor)
         if kind not in self._stagers:
             self._stagers[kind] = BackgroundStager() if kind == "local" else default_stager(torch.cuda.is_available())
         return self._stagers[kind]
