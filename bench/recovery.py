@@ -1,6 +1,7 @@
 """Recovery after a killed worker: Cohort against torchrun elastic, equal end states (a benchmark).
 
     python bench/recovery.py [--workers 4] [--kills 5] [--every 1,10,50] [--steps 1200] [--no-cluster]
+                              [--systems spare,torchrun] [--loader-workers 2]
 
 The same model (MLP on digits, 4 ranks, gloo on CPU, examples/digits.yaml's
 optimizer and batch) loses rank 2 to a SIGKILL at the same step under every
@@ -75,11 +76,12 @@ def _records(run: Path) -> list[dict]:
     return out
 
 
-def cohort_once(tmp: Path, workers: int, kill_step: int, steps: int, spares: int) -> dict:
+def cohort_once(tmp: Path, workers: int, kill_step: int, steps: int, spares: int, loader_workers: int = 0) -> dict:
     """One Cohort run; recovery time, phases and steps lost, back at ``workers`` ranks."""
     manifest = yaml.safe_load((REPO / "examples/digits.yaml").read_text())
     manifest["metadata"]["name"] = "recovery"
-    manifest["spec"]["workload"].update({"epochs": 0, "maxSteps": steps, "evalEveryEpochs": 0})
+    manifest["spec"]["workload"].update({"epochs": 0, "maxSteps": steps, "evalEveryEpochs": 0,
+                                         "dataLoaderWorkers": loader_workers})
     manifest["spec"]["replicas"]["spares"] = spares
     mf = tmp / "job.yaml"
     mf.write_text(yaml.safe_dump(manifest))
@@ -122,7 +124,7 @@ def _ts(value: str) -> float:
     return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=None).timestamp() - time.timezone
 
 
-def cluster_once(kill_step: int, steps: int, run: int, reports: bool) -> tuple[float, int, str]:
+def cluster_once(kill_step: int, steps: int, run: int, reports: bool, loader_workers: int = 0) -> tuple[float, int, str]:
     """One job on the local cluster's real nodes (cluster and operator started by hack/ scripts): seconds from
     the kill to the slowest rank's first step of the next world (4 ranks: the spare), steps lost, and what took
     the killed worker out of the world (its peers' report, checked, or its kubelet's). ``reports``: the operator
@@ -153,7 +155,8 @@ def cluster_once(kill_step: int, steps: int, run: int, reports: bool) -> tuple[f
             raise
     job = yaml.safe_load((REPO / "examples/digits.yaml").read_text())
     job["metadata"] = {"name": name}
-    job["spec"]["workload"].update({"epochs": 0, "maxSteps": steps, "evalEveryEpochs": 0})
+    job["spec"]["workload"].update({"epochs": 0, "maxSteps": steps, "evalEveryEpochs": 0,
+                                    "dataLoaderWorkers": loader_workers})
     job["spec"]["replicas"] = {"min": 2, "max": 6, "target": 4, "spares": 1}
     job["spec"]["checkpoint"] = {"everySteps": 0}
     job["spec"]["podTemplate"] = {"spec": {"containers": [{"name": "trainer", "env": [
@@ -284,6 +287,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1200, help="long enough for a replacement to start and join")
     ap.add_argument("--no-cluster", action="store_true", help="skip the run on the local Kubernetes cluster")
     ap.add_argument("--systems", default="", help="only the systems whose names contain one of these (comma list)")
+    ap.add_argument("--loader-workers", type=int, default=0,
+                    help="Cohort's workload.dataLoaderWorkers (the others fetch in their training process)")
     args = ap.parse_args()
     started = host()
     systems = ["Cohort, spare", "Cohort, replacement"] + [f"torchrun, K={k}" for k in args.every.split(",")]
@@ -300,9 +305,9 @@ def main() -> None:
         for name in systems:
             with tempfile.TemporaryDirectory() as d:
                 if name == "Cohort, spare":
-                    r = cohort_once(Path(d), args.workers, s, args.steps, spares=1)
+                    r = cohort_once(Path(d), args.workers, s, args.steps, spares=1, loader_workers=args.loader_workers)
                 elif name == "Cohort, replacement":
-                    r = cohort_once(Path(d), args.workers, s, args.steps, spares=0)
+                    r = cohort_once(Path(d), args.workers, s, args.steps, spares=0, loader_workers=args.loader_workers)
                 elif name.startswith("torchft"):
                     r = torchft_once(Path(d), args.workers, s, args.steps, 29700 + 40 * i)
                 else:
@@ -312,8 +317,10 @@ def main() -> None:
                   file=sys.stderr, flush=True)
         if not args.no_cluster:
             for reports in (True, False):  # interleaved, so both see the same host
-                cluster_rows.append((s, reports, *cluster_once(s, max(args.steps, 3 * s), i, reports)))
-    print(f"{args.workers} ranks, MLP on digits, gloo/CPU; {args.kills} kills (rank 2, SIGKILL, steps "
+                cluster_rows.append((s, reports, *cluster_once(s, max(args.steps, 3 * s), i, reports,
+                                                                 args.loader_workers)))
+    loaders = f", Cohort's loader with {args.loader_workers} worker processes per rank" if args.loader_workers else ""
+    print(f"{args.workers} ranks, MLP on digits{loaders}, gloo/CPU; {args.kills} kills (rank 2, SIGKILL, steps "
           f"{', '.join(str(110 + 7 * i) for i in range(args.kills))}); started {started}; ended {host()}")
     print("Every system ends back at 4 ranks; each cell: mean [min-max] over the kills, seconds.\n")
     print("| system | kill → slowest rank's first step at 4 ranks | steps lost | " + " | ".join(PHASES)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -147,6 +148,56 @@ def test_the_prefetching_loader_returns_each_steps_batch_and_restarts_when_the_w
     assert loader.restarts == 3  # once per world: batches fetched ahead for the old world are dropped
     assert Counting.fetches == 0  # every batch came from the worker processes
     loader.close()
+
+
+class WorkerPid(TensorPairs):
+    """Each sample's input is the process id of the worker that fetched it."""
+
+    def fetch(self, indices):
+        x, y = super().fetch(indices)
+        return torch.full_like(x, os.getpid()), y
+
+
+def test_the_loaders_workers_outlive_world_changes_and_epochs():
+    """A world change or a new epoch resets what the workers prefetch, not the workers: before, each one ended
+    them and started new ones, on a recovery's critical path (bench/loader_restart.py)."""
+    sampler = ElasticSampler(200, batch_size=8, seed=0)
+    loader = BatchLoader(WorkerPid(torch.zeros(200, 1), torch.arange(200)), workers=2)
+    pids = set()
+    try:
+        for world in (2, 3, 2, None, 3):  # None: the next epoch
+            if world is None:
+                sampler.next_epoch()
+                continue
+            for _ in range(2):
+                idx = sampler.indices(1, world)
+                x, y = loader.get(idx, lambda w=world: sampler.upcoming(1, w))
+                assert torch.equal(y, idx)  # never a batch prefetched for the old world or epoch
+                pids.update(int(p) for p in x[:, 0].tolist())
+                sampler.advance(world)
+    finally:
+        loader.close()
+    assert loader.restarts == 4
+    assert len(pids) == 2 and os.getpid() not in pids
+
+
+def test_a_started_loaders_first_batch_comes_from_workers_already_running():
+    """``start`` (the trainer's, before any world) starts the workers, so a newcomer's or a promoted spare's
+    first step does not wait for them (1.2-1.4 s here: the fork server imports torch)."""
+    import multiprocessing
+
+    before = {p.pid for p in multiprocessing.active_children()}
+    sampler = ElasticSampler(64, batch_size=8, seed=0)
+    loader = BatchLoader(WorkerPid(torch.zeros(64, 1), torch.arange(64)), workers=2)
+    try:
+        loader.start()
+        running = {p.pid for p in multiprocessing.active_children()} - before
+        assert len(running) == 2
+        x, y = loader.get(sampler.indices(0, 1), lambda: sampler.upcoming(0, 1))
+        assert {int(p) for p in x[:, 0].tolist()} <= running and torch.equal(y, sampler.indices(0, 1))
+        assert loader.restarts == 1  # the empty pass that started them is not counted
+    finally:
+        loader.close()
 
 
 def test_the_loaders_worker_processes_hold_none_of_the_trainers_sockets():

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import multiprocessing.forkserver
 import multiprocessing.util
 import os
 import select
@@ -119,14 +120,39 @@ class _ByIndices(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return self.split.fetch(indices)
 
 
+class _Upcoming:
+    """The DataLoader's sampler. Each pass (one per reset of the loader's iterator) yields the indices of the
+    ``upcoming()`` given last and notes each, in order, in ``pending``."""
+
+    def __init__(self, pending: deque[torch.Tensor]):
+        self.pending = pending
+        self.source: Callable[[], Iterator[torch.Tensor]] = lambda: iter(())
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for idx in self.source():
+            self.pending.append(idx)
+            yield idx
+
+
 class BatchLoader:
     def __init__(self, split: Split, workers: int = 0, prefetch: int = 2, pin_memory: bool = False):
         """``pin_memory``: the workers' batches arrive in page-locked memory (a GPU worker), so the copy to
         the device can be asynchronous (runtime/device.to_device)."""
         self.split, self.workers, self.prefetch, self.pin_memory = split, workers, prefetch, pin_memory
         self._pending: deque[torch.Tensor] = deque()  # the indices the iterator will yield, in order
+        self._upcoming = _Upcoming(self._pending)
+        self._loader: DataLoader | None = None
         self._it: Iterator[Any] | None = None
         self.restarts = 0
+        if workers:
+            multiprocessing.forkserver.ensure_running()  # in the background: it imports torch (about 1.2 s here)
+
+    def start(self) -> None:
+        """Start the worker processes now, so the first ``get`` does not wait for them (a new trainer's first
+        step waited 1.2-1.4 s here for the fork server's start and the workers')."""
+        if self.workers and self._loader is None:
+            self._restart(lambda: iter(()))
+            self.restarts = 0
 
     def get(self, indices: torch.Tensor,
             upcoming: Callable[[], Iterator[torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,26 +162,30 @@ class BatchLoader:
         if self._it is None or not self._pending or not torch.equal(self._pending[0], indices):
             self._restart(upcoming)
         assert self._it is not None
-        x, y = next(self._it)
+        try:
+            x, y = next(self._it)
+        except BaseException:
+            self.close()  # a worker died or the fetch failed: the next get() starts new workers
+            raise
         got = self._pending.popleft()
         if not torch.equal(got, indices):  # upcoming() did not start at the step asked for
             raise RuntimeError("the loader's upcoming indices do not start at the requested step")
         return x, y
 
     def _restart(self, upcoming: Callable[[], Iterator[torch.Tensor]]) -> None:
-        self.close()
+        """Prefetch from ``upcoming()`` on. The worker processes are started once and kept (persistent workers):
+        a new pass resets torch's iterator, which drops what the workers fetched for the old order, instead of
+        ending them and starting new ones at every world change and epoch."""
         self.restarts += 1
-
-        def tracked() -> Iterator[torch.Tensor]:
-            for idx in upcoming():
-                self._pending.append(idx)
-                yield idx
-
-        loader = DataLoader(_ByIndices(self.split), batch_size=None, sampler=tracked(),
-                            num_workers=self.workers, prefetch_factor=self.prefetch, pin_memory=self.pin_memory,
-                            multiprocessing_context=_CONTEXT,
-                            worker_init_fn=functools.partial(_exit_with, os.getpid()))
-        self._it = iter(loader)
+        self._pending.clear()
+        self._upcoming.source = upcoming
+        if self._loader is None:
+            self._loader = DataLoader(_ByIndices(self.split), batch_size=None, sampler=self._upcoming,
+                                      num_workers=self.workers, prefetch_factor=self.prefetch,
+                                      pin_memory=self.pin_memory, persistent_workers=True,
+                                      multiprocessing_context=_CONTEXT,
+                                      worker_init_fn=functools.partial(_exit_with, os.getpid()))
+        self._it = iter(self._loader)
 
     def close(self) -> None:
         """End the worker processes now (about 15 ms for 2 here), not when the iterator is collected (a trainer
@@ -168,7 +198,7 @@ class BatchLoader:
         resource_tracker's warning of a leaked semaphore ended the log (about 1 run in 30). So the feeders are
         joined here, for at most :data:`_FEEDER_JOIN_S`: one blocked on a full pipe is left to exit's cleanup.
         """
-        it, self._it = self._it, None
+        it, self._it, self._loader = self._it, None, None
         shutdown = getattr(it, "_shutdown_workers", None)  # what torch's own __del__ calls; idempotent
         if shutdown is not None:
             shutdown()  # closes the index queues

@@ -185,6 +185,7 @@ class Trainer:
     # --- the loop ---------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         self.metrics.update_progress(state="waiting")
+        self.loader.start()  # before any world: a spare promoted later, or a newcomer, does not wait for it
         log.info("trainer started", extra={"ip": self.ip, "strategy": self.spec.parallelism.strategy})
         while True:
             world = self._await_membership()
