@@ -43,6 +43,10 @@ cluster's real nodes (the operator, 4 worker containers and a spare) twice,
 interleaved: with the operator acting on survivors' reports (the default), and
 restarted with ``--ignore-reports``, where the killed worker leaves the world
 only once its kubelet reports the container dead. Each row says which it was.
+
+``--loader-workers N``: Cohort's jobs (local and on the cluster) fetch their
+batches in N DataLoader worker processes per rank (``workload.dataLoaderWorkers``);
+torchrun's and torchft's workers go on fetching in their training process.
 """
 
 from __future__ import annotations
