@@ -6,10 +6,10 @@ batch is fetched in the training process when it is needed. With N > 0 a
 ``torch.utils.data.DataLoader`` with N workers fetches the batches of the
 steps the sampler says come next in this world, ahead of time. If the step
 asks for anything else (the world changed, an epoch ended, a checkpoint was
-loaded), the prefetched batches are dropped, the training process fetches the
-step's batch itself and prefetching restarts from the next step; what was
-prefetched is therefore a cache, never state. The workers are started once and
-kept: torch's persistent workers, reset at each new order.
+loaded), the prefetched batches are dropped and prefetching restarts from the
+step asked for; what was prefetched is therefore a cache, never state. The
+workers are started once, before the trainer's first world, and kept: torch's
+persistent workers, reset at each new order.
 
 The worker processes come from a fork server, not from forking the trainer: a
 forked worker would inherit the trainer's sockets (the metrics listener, the
@@ -122,13 +122,6 @@ class _ByIndices(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return self.split.fetch(indices)
 
 
-def _after(steps: Iterator[torch.Tensor], first: torch.Tensor) -> Iterator[torch.Tensor]:
-    """The steps after ``first``, with which ``steps`` must start."""
-    if not torch.equal(next(steps, first.new_empty(0)), first):
-        raise RuntimeError("the loader's upcoming indices do not start at the requested step")
-    yield from steps
-
-
 class _Upcoming:
     """The DataLoader's sampler. Each pass (one per reset of the loader's iterator) yields the indices of the
     ``upcoming()`` given last and notes each, in order, in ``pending``."""
@@ -169,11 +162,7 @@ class BatchLoader:
         if self.workers == 0:
             return self.split.fetch(indices)
         if self._it is None or not self._pending or not torch.equal(self._pending[0], indices):
-            # A new order (a world change, an epoch, a checkpoint load): this step's batch is fetched here, now,
-            # while the workers, reset, fetch the next steps'. A worker would fetch it no sooner, and then send
-            # it through a pipe: a recovery's first step waited for that (bench/loader_restart.py).
-            self._restart(lambda: _after(upcoming(), indices))
-            return self.split.fetch(indices)
+            self._restart(upcoming)
         assert self._it is not None
         try:
             x, y = next(self._it)

@@ -184,8 +184,10 @@ class Trainer:
 
     # --- the loop ---------------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        # The loader's workers before this worker says it is ready ("waiting"): a world that takes it in,
+        # a spare's included, does not wait for them.
+        self.loader.start()
         self.metrics.update_progress(state="waiting")
-        self.loader.start()  # before any world: a spare promoted later, or a newcomer, does not wait for it
         log.info("trainer started", extra={"ip": self.ip, "strategy": self.spec.parallelism.strategy})
         while True:
             world = self._await_membership()
