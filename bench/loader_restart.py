@@ -45,7 +45,7 @@ from bench.stats import host, spread  # noqa: E402
 MODES = ("kept", "new workers", "in process")
 
 
-def forks() -> int:
+def tasks_created() -> int:
     """Tasks (processes and threads) the kernel has created since boot (/proc/stat ``processes``)."""
     with open("/proc/stat") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("processes "))
@@ -64,7 +64,7 @@ def one_round(mode: str, split: TensorPairs, workers: int, changes: int, seed: i
         world = 4 if change % 2 == 0 else 3
         if mode == "new workers":
             loader.close()
-        before = forks()
+        before = tasks_created()
         for step in range(4):
             if sampler.offset + sampler.global_batch(world) > len(split):
                 sampler.next_epoch()
@@ -78,7 +78,7 @@ def one_round(mode: str, split: TensorPairs, workers: int, changes: int, seed: i
                 (first if step == 0 else rest).append(dt)
             sampler.advance(world)
         if change:
-            forked += forks() - before
+            forked += tasks_created() - before
             worlds.append(sum(first[-1:] + rest[-3:]))
     loader.close()
     return first, rest, worlds, forked

@@ -154,7 +154,6 @@ class BatchLoader:
         step waited 1.2-1.4 s here for the fork server's start and the workers')."""
         if self.workers and self._loader is None:
             self._restart(lambda: iter(()))
-            self.restarts = 0
 
     def get(self, indices: torch.Tensor,
             upcoming: Callable[[], Iterator[torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,6 +161,7 @@ class BatchLoader:
         if self.workers == 0:
             return self.split.fetch(indices)
         if self._it is None or not self._pending or not torch.equal(self._pending[0], indices):
+            self.restarts += 1
             self._restart(upcoming)
         assert self._it is not None
         try:
@@ -178,7 +178,6 @@ class BatchLoader:
         """Prefetch from ``upcoming()`` on. The worker processes are started once and kept (persistent workers):
         a new pass resets torch's iterator, which drops what the workers fetched for the old order, instead of
         ending them and starting new ones at every world change and epoch."""
-        self.restarts += 1
         self._pending.clear()
         self._upcoming.source = upcoming
         if self._loader is None:

@@ -56,17 +56,12 @@ class BackgroundStager:
         self._pool.shutdown(wait=True)
 
 
-def first_dtensor(obj: Any) -> Any:
-    """The first DTensor in a (nested) state, or None."""
+def first_dtensor(state: Any) -> Any:
+    """The first DTensor among a (nested) state's leaves, or None."""
     from torch.distributed.tensor import DTensor
+    from torch.utils._pytree import tree_leaves
 
-    if isinstance(obj, DTensor):
-        return obj
-    values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
-    for v in values:
-        if (found := first_dtensor(v)) is not None:
-            return found
-    return None
+    return next((leaf for leaf in tree_leaves(state) if isinstance(leaf, DTensor)), None)
 
 
 def propagate_in_this_thread(dtensor: Any) -> None:
